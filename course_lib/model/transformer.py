@@ -1,0 +1,171 @@
+"""A Llama-family decoder you can read top to bottom.
+
+RMSNorm, rotary embeddings, grouped-query attention, SwiGLU. The model works on a *flat*
+batch: `input_ids` and `positions` are 1-D over every token of every sequence in the step.
+It never owns a KV cache. Each attention layer hands its fresh queries, keys and values to
+an `attend(layer, q, k, v)` callable, which decides where keys and values are stored
+(nowhere, a contiguous buffer, a paged pool) and which earlier tokens each query sees.
+That one seam is how the engine plugs in paged KV memory without touching this file.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+
+class Attend(Protocol):
+    """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] -> [T, num_heads, head_dim]."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in at least float32 (half precision overflows in the square), as HF does.
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(compute_dtype)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, attend: Attend):
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(self.layer, q, k, v)
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, cos, sin, attend: Attend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # Kept in float32 whatever the model dtype (see rope.py); not a parameter, not saved.
+        self.register_buffer(
+            "inv_freq", inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), persistent=False
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def _apply(self, fn, *args, **kwargs):
+        # `.to(float64)` must not touch the float32 rotary frequencies (HF keeps them float32 too).
+        inv_freq = self.inv_freq
+        out = super()._apply(fn, *args, **kwargs)
+        self.inv_freq = inv_freq.to(self.embed_tokens.weight.device, torch.float32)
+        return out
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits for a flat batch: [T, vocab], or only the rows in `logits_indices`."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attend)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        return self.lm_head(self.norm(x))
+
+    # ------------------------------------------------------------------ the plain reference
+    @torch.inference_mode()
+    def dense_logits(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """Logits of every position of every sequence, no cache at all: the ground truth."""
+        lens = [len(s) for s in sequences]
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        logits = self(ids, positions, DenseCausalAttention(lens))
+        return list(logits.split(lens))
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_tokens: int, stop_token_ids=None) -> list[int]:
+        """Greedy decoding by re-running the whole sequence each step: slow, simple, the reference
+        that every engine configuration must match token for token."""
+        stop = set(self.config.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        seq, out = list(prompt_ids), []
+        for _ in range(max_tokens):
+            token = int(self.dense_logits([seq])[0][-1].argmax())
+            out.append(token)
+            seq.append(token)
+            if token in stop:
+                break
+        return out
+
+
+class DenseCausalAttention:
+    """Attention over a flat batch of whole sequences, each attending causally to itself only."""
+
+    def __init__(self, seq_lens: list[int]):
+        self.seq_lens = seq_lens
+
+    def __call__(self, layer, q, k, v):
+        outs = []
+        for qs, ks, vs in zip(q.split(self.seq_lens), k.split(self.seq_lens), v.split(self.seq_lens)):
+            o = F.scaled_dot_product_attention(
+                qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), is_causal=True, enable_gqa=True
+            )
+            outs.append(o.transpose(0, 1))
+        return torch.cat(outs)
