@@ -1,0 +1,326 @@
+"""LLMEngine: add requests, step, collect outputs.
+
+One direction per step, no back-and-forth: the scheduler decides who runs and how many
+tokens each computes (making room in the KV manager, preempting if it must), the runner
+computes one token per finishing chunk, and the engine records: tokens, finishes, timestamps
+and a `StepStats` row that the clock prices and the metrics read.
+
+Injection points (so that a student's piece can serve real requests): `block_pool`
+(bookkeeping only: allocate / free / share / num_free_pages / ref_counts), `scheduler` (a class
+built like `ContinuousScheduler`), `admission` (an object with `can_admit`), `prefix_cache`
+(an object like `PrefixCache`, built on the pool), `attention` (a function with the
+`paged_decode` signature, used for decode rows), `runner` and `clock`.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine_config import EngineConfig
+from .kv.block_pool import BlockPool
+from .kv.manager import KVCacheManager
+from .kv.prefix_cache import PrefixCache
+from .model.config import ModelConfig
+from .runner import ModelRunner, ScriptedRunner
+from .scheduler.admission import make_admission
+from .scheduler.continuous import ContinuousScheduler
+from .scheduler.output import StepStats
+from .scheduler.request import FinishReason, Request, RequestStatus
+from .scheduler.sampling import SamplingParams
+from .scheduler.static import StaticScheduler
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+    new_token_ids: list[int] = field(default_factory=list)  # produced by the latest step (streaming)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+    @classmethod
+    def of(cls, r: Request, new_token_ids=()) -> "RequestOutput":
+        return cls(
+            r.request_id, list(r.prompt_token_ids), list(r.output_token_ids), r.is_finished,
+            r.finish_reason.value if r.finish_reason and r.is_finished else None, r.error,
+            r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finish_time,
+            r.num_preemptions, r.num_cached_tokens, list(new_token_ids),
+        )
+
+
+class _PerfClock:
+    """Wall time since the engine started (the default clock; see course_lib.sim.clock for more)."""
+
+    def __init__(self):
+        import time
+
+        self._perf = time.perf_counter
+        self._start = self._perf()
+
+    def now(self) -> float:
+        return self._perf() - self._start
+
+    def charge(self, stats) -> float:
+        return stats.end_time - stats.start_time
+
+
+def _default_num_pages(config: EngineConfig, max_model_len: int) -> int:
+    return max(1, -(-config.max_num_seqs * max_model_len // (2 * config.page_size)))
+
+
+class LLMEngine:
+    def __init__(self, model, config: EngineConfig | None = None, *, block_pool=None, scheduler=None,
+                 admission=None, prefix_cache=None, attention=None, runner=None, clock=None):
+        """`model`: a course_lib Transformer, or just a `ModelConfig` to simulate with the scripted runner."""
+        self.config = config = config or EngineConfig()
+        self.model = None if isinstance(model, ModelConfig) else model
+        self.model_config: ModelConfig = model if isinstance(model, ModelConfig) else model.config
+        mc = self.model_config
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        num_pages = config.num_pages or _default_num_pages(config, self.max_model_len)
+        contiguous = config.kv_layout == "contiguous"
+
+        # Space: the pool (bookkeeping) and, for a real model, the K/V storage it indexes.
+        if contiguous:
+            # The same pool with pages of max_model_len slots: one reservation per request.
+            total = num_pages * config.page_size
+            if total < self.max_model_len:
+                raise ValueError(f"a contiguous KV cache of {total} tokens cannot hold one request of "
+                                 f"max_model_len={self.max_model_len} tokens")
+            page_size, num_pages = self.max_model_len, total // self.max_model_len
+        else:
+            page_size = config.page_size
+        self.pool = block_pool if block_pool is not None else BlockPool(num_pages, page_size)
+        if prefix_cache is None and config.enable_prefix_caching and not contiguous:
+            prefix_cache = PrefixCache(self.pool)
+        self.prefix_cache = prefix_cache
+        self.kv = KVCacheManager(self.pool, self.max_model_len, prefix_cache, reserve_max_len=contiguous)
+
+        # Time: who runs each step.
+        self.admission = admission if admission is not None else make_admission(config.admission, config.watermark)
+        scheduler_cls = scheduler or (StaticScheduler if config.scheduler == "static" else ContinuousScheduler)
+        self.scheduler = scheduler_cls(self.kv, self.admission, config.max_num_seqs,
+                                       config.max_num_batched_tokens, config.enable_chunked_prefill,
+                                       config.preemption)
+
+        # Compute.
+        if runner is not None:
+            self.runner = runner
+        elif self.model is None:
+            self.runner = ScriptedRunner(mc.eos_token_ids[0] if mc.eos_token_ids else 0)
+        else:
+            shape = (self.pool.num_pages + 1, self.pool.page_size, mc.num_kv_heads, mc.head_dim)
+            dtype, device = self.model.dtype, self.model.device
+            self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(mc.num_layers)]
+            self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(mc.num_layers)]
+            backend = attention if attention is not None else config.attention_backend
+            self.runner = ModelRunner(self.model, self.kv, self.k_caches, self.v_caches,
+                                      scratch_page=self.pool.num_pages, attention=backend, seed=config.seed)
+
+        self.clock = clock if clock is not None else _PerfClock()
+        self.requests: dict[str, Request] = {}
+        self.step_stats: list[StepStats] = []
+        self._ids = itertools.count()
+        self._stop_ids = set(mc.eos_token_ids)
+
+    # ------------------------------------------------------------------ requests in
+    def add_request(self, prompt_token_ids, sampling_params: SamplingParams | None = None, request_id=None,
+                    arrival_time: float | None = None, scripted_output_len: int | None = None) -> str:
+        """Queue a request. Bad input raises ValueError here, before anything else is touched."""
+        params = sampling_params or SamplingParams()
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+            while request_id in self.requests:
+                request_id = f"req-{next(self._ids)}"
+        request_id = str(request_id)
+        self._validate(request_id, prompt_token_ids, params)
+        request = Request(request_id, list(prompt_token_ids), params,
+                          arrival_time=self.clock.now() if arrival_time is None else arrival_time,
+                          scripted_output_len=scripted_output_len)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def _validate(self, request_id, prompt, params) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"duplicate request id {request_id!r}: ids must be unique per engine")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if len(prompt) == 0:
+            raise ValueError("empty prompt: a request needs at least 1 token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room to generate: "
+                             f"max_model_len is {self.max_model_len}")
+        # The worst case this request can reach must fit in the whole pool, or it could never finish.
+        worst = min(len(prompt) + params.max_tokens, self.max_model_len) - 1
+        if self.kv.pages_to_hold(worst) > self.pool.num_pages:
+            capacity = self.pool.num_pages * self.pool.page_size
+            raise ValueError(f"request needs up to {worst} KV slots (prompt {len(prompt)} + max_tokens "
+                             f"{params.max_tokens}) but the whole pool holds {capacity}")
+
+    def abort(self, request_id) -> None:
+        request = self.requests.get(str(request_id))
+        if request is None:
+            raise ValueError(f"cannot abort unknown request id {request_id!r}")
+        if request.is_finished:
+            return
+        self.scheduler.abort(request)
+        self._deliver(request, FinishReason.ABORTED, self.clock.now())
+
+    # ------------------------------------------------------------------ one step
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduling decision and one forward pass. Returns the requests that changed."""
+        out = self.scheduler.schedule()
+        start = self.clock.now()
+        tokens = self.runner.execute(out, self.requests) if (out.scheduled or out.num_padded_tokens) else {}
+        stats = self._stats(out, start)
+        self.clock.charge(stats)
+        end = stats.end_time = self.clock.now()
+
+        changed: dict[str, list[int]] = {}
+        for r in out.failed:
+            self._deliver(r, FinishReason.ERROR, end)
+            changed[r.request_id] = []
+        for s in out.scheduled:
+            r = self.requests[s.request_id]
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = start
+            r.num_computed_tokens += s.num_new_tokens
+            self.kv.commit(r)
+            if not s.samples:
+                continue
+            token = tokens[s.request_id]
+            r.output_token_ids.append(token)
+            changed[r.request_id] = [token]
+            if r.first_token_time is None:
+                r.first_token_time = end
+            reason = self._stop_reason(r, token)
+            if reason is not None:
+                r.finish_reason = reason
+                for done in self.scheduler.finish(r):
+                    self._deliver(done, done.finish_reason, end)
+                    changed.setdefault(done.request_id, [])
+        stats.kv_used_slots = self.kv.used_slots()
+        stats.kv_allocated_slots = self.kv.allocated_slots()
+        self.step_stats.append(stats)
+        return [RequestOutput.of(self.requests[rid], new) for rid, new in changed.items()]
+
+    def _stop_reason(self, r: Request, token: int) -> FinishReason | None:
+        p = r.sampling_params
+        if token in p.stop_token_ids:
+            return FinishReason.STOP
+        if token in self._stop_ids and not p.ignore_eos:
+            return FinishReason.EOS
+        if r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _deliver(self, r: Request, reason: FinishReason, now: float) -> None:
+        r.status = RequestStatus.FINISHED
+        r.finish_reason = reason
+        r.finish_time = now
+
+    def _stats(self, out, start: float) -> StepStats:
+        prefill = decode = read = pairs = 0
+        for s in out.scheduled:
+            if s.num_new_tokens == 1 and s.start >= self.requests[s.request_id].num_prompt_tokens:
+                decode += 1
+            else:
+                prefill += s.num_new_tokens
+            read += s.start + s.num_new_tokens
+            pairs += s.num_new_tokens * s.start + s.num_new_tokens * (s.num_new_tokens + 1) // 2
+        owners = None
+        if self.config.record_page_owners:
+            owners = [None] * self.pool.num_pages
+            for rid, table in self.kv.tables.items():
+                for page in table.pages:
+                    owners[page] = rid
+        return StepStats(
+            step=len(self.step_stats), start_time=start, end_time=self.clock.now(),
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_prefill_tokens=prefill, num_decode_tokens=decode, num_padded_tokens=out.num_padded_tokens,
+            context_tokens_read=read, attention_context_tokens=pairs,
+            kv_tokens_written=out.num_scheduled_tokens, kv_used_slots=0, kv_allocated_slots=0,
+            kv_total_slots=self.pool.num_pages * self.pool.page_size,
+            num_preemptions=len(out.preempted), page_owners=owners,
+        )
+
+    # ------------------------------------------------------------------ convenience
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Serve every prompt (a list of token-id lists) to the end; outputs in prompt order."""
+        ids = self._add_all(prompts, sampling_params)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        pending = set(ids)
+        while pending:
+            if not self.has_unfinished_requests:
+                raise RuntimeError("engine has no work but requests are unfinished (bug)")
+            for o in self.step():
+                if o.finished and o.request_id in pending:
+                    pending.discard(o.request_id)
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [RequestOutput.of(self.requests[i]) for i in ids]
+
+    def stream(self, prompts, sampling_params=None):
+        """Like generate, but yields each RequestOutput as soon as a step changes it."""
+        ids = set(self._add_all(prompts, sampling_params))
+        while any(not self.requests[i].is_finished for i in ids):
+            for o in self.step():
+                if o.request_id in ids:
+                    yield o
+
+    def _add_all(self, prompts, sampling_params) -> list[str]:
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
+        for p, sp in zip(prompts, sampling_params):  # validate all first: all or nothing
+            self._validate("\0probe", p, sp)
+        return [self.add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+
+    def stats(self) -> dict:
+        pc = self.prefix_cache
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_pages": self.pool.num_pages,
+            "pages_used": self.pool.num_pages - self.pool.num_free_pages,
+            "pages_free": self.pool.num_free_pages,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": len(self.step_stats),
+            "prefix_queried_tokens": pc.queried_tokens if pc else 0,
+            "prefix_hit_tokens": pc.hit_tokens if pc else 0,
+            "prefix_hit_rate": pc.hit_rate if pc else 0.0,
+        }

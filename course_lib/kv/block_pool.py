@@ -1,0 +1,103 @@
+"""The physical KV memory: a fixed pool of pages, a free queue and reference counts.
+
+Storage is allocated once, up front, one pair of tensors per layer:
+`[num_pages, page_size, num_kv_heads, head_dim]`. Requests never own memory, only page ids.
+
+Free pages wait in one queue that doubles as the prefix cache's LRU: a page whose contents
+are still worth keeping (it carries a prefix-cache key) goes to the *back* when freed, a
+blank page to the *front*. Allocation takes from the front, so blank pages are reused first
+and cached pages are evicted least-recently-freed first, and only when the pool needs room.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+
+class OutOfPages(RuntimeError):
+    """Asked for more pages than are free. The scheduler prevents this; seeing it is a bug."""
+
+
+class BlockPool:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        num_layers: int = 0,
+        num_kv_heads: int = 0,
+        head_dim: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"need num_pages >= 1 and page_size >= 1, got {num_pages} and {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        # num_layers == 0 gives a pool with bookkeeping only (the scripted runner computes nothing).
+        # One extra page at the end is a scratch page: padding rows of the static batcher write there.
+        shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
+        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.scratch_page = num_pages
+        self.ref_counts = [0] * num_pages
+        self._free: OrderedDict[int, None] = OrderedDict((p, None) for p in range(num_pages))
+        # Set by the prefix cache: called with a page id when a cached page is about to be reused.
+        self.on_evict = None
+        self.is_cached = lambda page: False
+
+    # -- questions --------------------------------------------------------------------------
+    @property
+    def num_free_pages(self) -> int:
+        """Pages that can be handed out now (blank ones plus cached ones nobody is using)."""
+        return len(self._free)
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def is_free(self, page: int) -> bool:
+        return page in self._free
+
+    # -- actions ----------------------------------------------------------------------------
+    def allocate(self, n: int = 1) -> list[int]:
+        if n > len(self._free):
+            raise OutOfPages(f"asked for {n} pages but only {len(self._free)} of {self.num_pages} are free")
+        pages = []
+        for _ in range(n):
+            page, _ = self._free.popitem(last=False)
+            if self.on_evict is not None and self.is_cached(page):
+                self.on_evict(page)  # its old contents are about to be overwritten
+            self.ref_counts[page] = 1
+            pages.append(page)
+        return pages
+
+    def share(self, page: int) -> None:
+        """One more owner for `page` (a prefix-cache hit). A free cached page is taken off the queue."""
+        if self.ref_counts[page] == 0:
+            del self._free[page]
+        self.ref_counts[page] += 1
+
+    def free(self, pages: list[int]) -> None:
+        """Drop one reference to each page; a page nobody references goes back to the free queue.
+        Pages are released last-first so that a request's tail is evicted before its head."""
+        for page in reversed(pages):
+            if self.ref_counts[page] <= 0:
+                raise RuntimeError(f"page {page} freed more times than it was allocated (double free)")
+            self.ref_counts[page] -= 1
+            if self.ref_counts[page] == 0:
+                self._free[page] = None
+                if not self.is_cached(page):
+                    self._free.move_to_end(page, last=False)
+
+    def check_invariants(self) -> None:
+        """used + free == total; a page is free iff nobody references it. For tests and debugging."""
+        for page, rc in enumerate(self.ref_counts):
+            if rc < 0:
+                raise AssertionError(f"page {page} has negative refcount {rc}")
+            if (rc == 0) != (page in self._free):
+                raise AssertionError(f"page {page}: refcount {rc} but free={page in self._free}")
+        assert self.num_used_pages + self.num_free_pages == self.num_pages

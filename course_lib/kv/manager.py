@@ -1,0 +1,135 @@
+"""The KV manager: makes room for each scheduled token, or says no.
+
+It keeps one page table per request on top of a shared `BlockPool`, answers the scheduler's
+questions (`can_allocate`), performs its actions (`allocate`, `free`), hands the runner slot
+numbers and block tables, and counts waste: slots reserved for a request but not (yet) holding
+one of its tokens.
+
+The contiguous baseline is the same code with one page of `max_model_len` slots per request
+(`reserve_max_len=True`): the first token reserves room for the longest possible sequence,
+which is exactly what a per-request contiguous buffer does.
+"""
+from __future__ import annotations
+
+from .block_pool import BlockPool
+from .page_table import PageTable
+from .prefix_cache import ROOT, PrefixCache
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, max_model_len: int, prefix_cache: PrefixCache | None = None,
+                 reserve_max_len: bool = False):
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.max_model_len = max_model_len
+        self.prefix_cache = prefix_cache
+        self.reserve_max_len = reserve_max_len
+        self.tables: dict[str, PageTable] = {}
+        self.filled: dict[str, int] = {}  # slots holding (or about to hold) this request's tokens
+        self._chain: dict[str, tuple[int, int]] = {}  # prefix cache: (pages registered, last serial)
+
+    # -- questions --------------------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        return self.pool.num_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.pool.num_free_pages
+
+    def _target_slots(self, request, num_new_tokens: int, cached_pages=()) -> int:
+        if self.reserve_max_len:
+            return self.max_model_len
+        if request.request_id not in self.tables:  # not admitted yet: it will start after its cache hits
+            return len(cached_pages) * self.page_size + num_new_tokens
+        return request.num_computed_tokens + num_new_tokens
+
+    def pages_to_hold(self, num_tokens: int) -> int:
+        """Pages a request holding `num_tokens` K/V slots occupies."""
+        if self.reserve_max_len:
+            return 1 if num_tokens > 0 else 0
+        return -(-num_tokens // self.page_size)
+
+    def num_pages_needed(self, request, num_new_tokens: int, cached_pages=()) -> int:
+        """Pages to take from the free queue so that `num_new_tokens` more tokens fit. Cached
+        pages that nobody uses right now sit in that queue too, so reusing them counts."""
+        table = self.tables.get(request.request_id)
+        held = len(table.pages) if table else len(cached_pages)
+        target = self._target_slots(request, num_new_tokens, cached_pages)
+        fresh = max(0, self.pages_to_hold(target) - held)
+        revived = sum(1 for p in cached_pages if self.pool.ref_counts[p] == 0)
+        return fresh + revived
+
+    def can_allocate(self, request, num_new_tokens: int, cached_pages=()) -> bool:
+        return self.num_pages_needed(request, num_new_tokens, cached_pages) <= self.pool.num_free_pages
+
+    def used_slots(self) -> int:
+        return sum(self.filled.values())
+
+    def allocated_slots(self) -> int:
+        return sum(len(t.pages) for t in self.tables.values()) * self.page_size
+
+    def slots(self, request_id: str, start: int, count: int) -> list[int]:
+        return self.tables[request_id].slots(start, count)
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self.tables[request_id].pages
+
+    # -- prefix cache ------------------------------------------------------------------------
+    def lookup_prefix(self, request) -> list[int]:
+        """Cached pages this (not yet admitted) request can start from. At least one token is
+        always left to compute, so a fully cached prompt still produces its first token."""
+        if self.prefix_cache is None or self.reserve_max_len:
+            return []
+        max_pages = (request.num_tokens - 1) // self.page_size
+        pages, _ = self.prefix_cache.lookup(request.all_token_ids, max_pages)
+        return pages
+
+    # -- actions ----------------------------------------------------------------------------
+    def allocate(self, request, num_new_tokens: int, cached_pages=()) -> None:
+        """Room for `num_new_tokens` more tokens of `request` (raises OutOfPages if there is none).
+        On a request's first allocation, `cached_pages` (from lookup_prefix) become its first pages
+        and its progress counter jumps over them."""
+        rid = request.request_id
+        table = self.tables.get(rid)
+        if table is None:
+            table = self.tables[rid] = PageTable(self.page_size)
+            if cached_pages:
+                for page in cached_pages:
+                    self.pool.share(page)
+                table.pages.extend(cached_pages)
+                request.num_computed_tokens = len(cached_pages) * self.page_size
+                _, serial = self.prefix_cache.lookup(request.all_token_ids, len(cached_pages))
+                self._chain[rid] = (len(cached_pages), serial)
+            if self.prefix_cache is not None:
+                self.prefix_cache.queried_tokens += request.num_prompt_tokens
+                self.prefix_cache.hit_tokens += min(len(cached_pages) * self.page_size, request.num_prompt_tokens)
+            request.num_cached_tokens = len(cached_pages) * self.page_size
+        target = self._target_slots(request, num_new_tokens)
+        need = self.pages_to_hold(target) - len(table.pages)
+        if need > 0:
+            table.pages.extend(self.pool.allocate(need))
+        self.filled[rid] = request.num_computed_tokens + num_new_tokens
+
+    def commit(self, request) -> None:
+        """After a step: offer the request's newly completed pages to the prefix cache."""
+        if self.prefix_cache is None or self.reserve_max_len:
+            return
+        rid = request.request_id
+        done, serial = self._chain.get(rid, (0, ROOT))
+        full = request.num_computed_tokens // self.page_size
+        if full <= done:
+            return
+        pages, ps, tokens = self.tables[rid].pages, self.page_size, request.all_token_ids
+        for i in range(done, full):
+            serial = self.prefix_cache.register(pages[i], serial, tuple(tokens[i * ps : (i + 1) * ps]))
+        self._chain[rid] = (full, serial)
+
+    def free(self, request) -> None:
+        """Give back every page of `request` (finished, aborted or preempted)."""
+        rid = request.request_id
+        table = self.tables.pop(rid, None)
+        self.filled.pop(rid, None)
+        self._chain.pop(rid, None)
+        if table is not None:
+            self.pool.free(table.pages)

@@ -1,0 +1,132 @@
+"""Runners turn a SchedulerOutput into one new token per sampling request.
+
+`ModelRunner` builds one flat batch (token ids, positions, slot mapping, block tables,
+sequence lengths, query start offsets) and runs the real model over it; attention reads and
+writes the paged pool. `ScriptedRunner` computes nothing: each request ends at the length
+its workload scripted, so thousands of requests simulate in seconds.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .attention import default_backend, paged_decode, paged_prefill, write_kv
+from .sampler import sample
+from .scheduler.output import SchedulerOutput
+
+
+class PagedAttend:
+    """The model's `attend` for one step: store the new K/V, then attend over the pages.
+    Decode rows come first in the batch and may use a different (e.g. a student's) function."""
+
+    def __init__(self, k_caches, v_caches, meta: dict, decode_fn, prefill_fn, scale: float):
+        self.k_caches, self.v_caches = k_caches, v_caches
+        self.meta, self.decode_fn, self.prefill_fn, self.scale = meta, decode_fn, prefill_fn, scale
+
+    def __call__(self, layer, q, k, v):
+        m, kc, vc = self.meta, self.k_caches[layer], self.v_caches[layer]
+        write_kv(kc, vc, k, v, m["slot_mapping"])
+        d, bt, lens = m["num_decodes"], m["block_tables"], m["seq_lens"]
+        if d == len(lens):
+            return self.decode_fn(q, kc, vc, bt, lens, self.scale)
+        prefill = self.prefill_fn(q[d:], kc, vc, bt[d:], m["query_start_loc"][d:] - d, lens[d:], self.scale)
+        if d == 0:
+            return prefill
+        return torch.cat([self.decode_fn(q[:d], kc, vc, bt[:d], lens[:d], self.scale), prefill])
+
+
+def backend_functions(backend: str, device):
+    """(decode_fn, prefill_fn) with the paged_decode / paged_prefill signatures (minus `backend`)."""
+    if backend == "auto":
+        backend = default_backend(device)
+
+    def decode_fn(q, kc, vc, bt, lens, scale):
+        return paged_decode(q, kc, vc, bt, lens, scale, backend=backend)
+
+    def prefill_fn(q, kc, vc, bt, qsl, lens, scale):
+        return paged_prefill(q, kc, vc, bt, qsl, lens, scale, backend=backend)
+
+    return decode_fn, prefill_fn
+
+
+class ModelRunner:
+    def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0):
+        self.model, self.kv = model, kv
+        self.k_caches, self.v_caches, self.scratch_page = k_caches, v_caches, scratch_page
+        self.device = model.device
+        self.scale = 1.0 / math.sqrt(model.config.head_dim)
+        if callable(attention):  # a paged_decode-style function from outside (e.g. a student's)
+            self.decode_fn, self.prefill_fn = attention, backend_functions("auto", self.device)[1]
+        else:
+            self.decode_fn, self.prefill_fn = backend_functions(attention, self.device)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.pad_token_id = model.config.pad_token_id or 0
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, requests: dict) -> dict[str, int]:
+        ps = self.kv.page_size
+        # Padding rows (static batching) first, then decodes, then prefill chunks.
+        ids = [self.pad_token_id] * out.num_padded_tokens
+        positions = [0] * out.num_padded_tokens
+        slots = [self.scratch_page * ps] * out.num_padded_tokens
+        tables = [[self.scratch_page]] * out.num_padded_tokens
+        seq_lens = [1] * out.num_padded_tokens
+        starts = list(range(out.num_padded_tokens + 1))
+        logits_rows, sampling = [], []
+        num_decodes = out.num_padded_tokens
+        for s in sorted(out.scheduled, key=lambda s: s.num_new_tokens > 1):
+            request = requests[s.request_id]
+            n, start = s.num_new_tokens, s.start
+            if n == 1:
+                num_decodes += 1
+                prompt = request.prompt_token_ids
+                ids.append(prompt[start] if start < len(prompt) else request.output_token_ids[start - len(prompt)])
+            else:
+                ids.extend(request.all_token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(self.kv.slots(s.request_id, start, n))
+            tables.append(self.kv.block_table(s.request_id))
+            seq_lens.append(start + n)
+            starts.append(starts[-1] + n)
+            if s.samples:
+                logits_rows.append(starts[-1] - 1)
+                sampling.append(request)
+        width = max(len(t) for t in tables)
+        dev = self.device
+        meta = {
+            "slot_mapping": torch.tensor(slots, dtype=torch.long, device=dev),
+            "block_tables": torch.tensor([t + [self.scratch_page] * (width - len(t)) for t in tables],
+                                         dtype=torch.int32, device=dev),
+            "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            "query_start_loc": torch.tensor(starts, dtype=torch.int32, device=dev),
+            "num_decodes": num_decodes,
+        }
+        attend = PagedAttend(self.k_caches, self.v_caches, meta, self.decode_fn, self.prefill_fn, self.scale)
+        logits = self.model(
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            attend,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
+        )
+        if not sampling:
+            return {}
+        tokens = sample(logits, sampling, self.generator)
+        return {r.request_id: t for r, t in zip(sampling, tokens)}
+
+
+class ScriptedRunner:
+    """No model: a request emits filler tokens and then EOS at its scripted output length."""
+
+    def __init__(self, eos_token_id: int, filler_token_id: int = 3):
+        self.eos_token_id, self.filler_token_id = eos_token_id, filler_token_id
+
+    def execute(self, out: SchedulerOutput, requests: dict) -> dict[str, int]:
+        tokens = {}
+        for s in out.scheduled:
+            if s.samples:
+                request = requests[s.request_id]
+                target = request.scripted_output_len or request.sampling_params.max_tokens
+                done = request.num_output_tokens + 1 >= target
+                tokens[s.request_id] = self.eos_token_id if done else self.filler_token_id
+        return tokens

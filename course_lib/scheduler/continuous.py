@@ -1,0 +1,61 @@
+"""Iteration-level (continuous) batching: the turnstile.
+
+Every step: the running requests advance first (a decode, or the next chunk of a long
+prompt), making room by preempting the youngest when pages run out; then waiting requests
+are admitted into the slots and token budget left over. One forward pass serves the mix.
+"""
+from __future__ import annotations
+
+from .base import SchedulerBase
+from .output import ScheduledRequest, SchedulerOutput
+from .request import Request
+
+
+class ContinuousScheduler(SchedulerBase):
+    name = "continuous"
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        # 1. Requests already running keep their seats.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = min(request.num_pending_tokens, budget)
+            if n < request.num_pending_tokens and not self.enable_chunked_prefill:
+                break  # an unchunked prompt waits for a step with room for all of it
+            if not self._make_room(request, n, out):
+                break  # it was the youngest and gave up its own pages
+            self.kv.allocate(request, n)
+            out.scheduled.append(self._entry(request, n))
+            budget -= n
+            i += 1
+
+        # 2. Admit from the queue, but never in a step that had to preempt: the pool is full.
+        while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
+            request = self.waiting[0]
+            cached = self.kv.lookup_prefix(request)
+            pending = request.num_tokens - len(cached) * self.kv.page_size
+            n = min(pending, budget)
+            if n < pending and not self.enable_chunked_prefill:
+                break
+            if not self.kv.can_allocate(request, n, cached):
+                break
+            if not self.admission.can_admit(request, n, cached, self.kv, self.running):
+                break
+            self.waiting.popleft()
+            self._admit(request, n, cached)
+            out.scheduled.append(self._entry(request, n))
+            budget -= n
+        return out
+
+    @staticmethod
+    def _entry(request: Request, n: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        return ScheduledRequest(request.request_id, n, start, start + n == request.num_tokens)
+
+    def finish(self, request: Request) -> list[Request]:
+        self.running.remove(request)
+        self.kv.free(request)
+        return [request]

@@ -1,0 +1,81 @@
+"""A request and its one progress counter.
+
+Prefill, chunked prefill, decode, prefix-cache hits and recompute after preemption are all
+the same motion: `num_computed_tokens` moving toward `num_tokens` (prompt + output so far).
+When a step computes up to the last known token, the model's logits there give the next
+token, which makes the request one token longer.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # gave its pages back; waits to be recomputed
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"  # max_tokens reached, or max_model_len
+    STOP = "stop"  # one of the request's stop_token_ids
+    ABORTED = "aborted"
+    ERROR = "error"  # e.g. out of KV pages with preemption switched off
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    # Scripted runner only: the length at which this request "decides" to stop.
+    scripted_output_len: int | None = None
+    # Bookkeeping the metrics read.
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at (latest) admission
+    admit_seq: int = -1  # order of (latest) admission: the youngest is preempted first
+    generator: object = None  # torch.Generator for seeded sampling, made by the sampler
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Known tokens whose K/V are not computed yet (1 for a request in decode)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def max_kv_slots(self, max_model_len: int) -> int:
+        """The most K/V slots this request can ever fill: what a worst-case reservation must cover.
+        The final sampled token ends the request before its K/V is ever computed, hence the -1."""
+        return min(self.num_prompt_tokens + self.sampling_params.max_tokens, max_model_len) - 1
