@@ -1,0 +1,35 @@
+"""Shared fixtures: small float64 models whose outputs every engine configuration must reproduce."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from course_lib.model.config import ModelConfig
+from course_lib.model.transformer import Transformer
+
+
+def random_model(seed: int = 0, **overrides) -> Transformer:
+    """A random Llama-family model in float64 (GQA by default), no EOS so lengths are exact."""
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=61, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=6,
+                 num_kv_heads=2, max_position_embeddings=96, eos_token_id=None)
+    shape.update(overrides)
+    model = Transformer(ModelConfig(**shape)).to(torch.float64).eval()
+    # Larger-than-default weights make logits spread out, so greedy ties are practically impossible.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+def random_prompts(n: int, vocab: int, lo: int = 1, hi: int = 40, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def small_model():
+    return random_model(0)
