@@ -22,23 +22,22 @@ class ContinuousScheduler(SchedulerBase):
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = min(request.num_pending_tokens, budget)
-            if n < request.num_pending_tokens and not self.enable_chunked_prefill:
+            n = self._chunk(request.num_pending_tokens, budget)
+            if n == 0:
                 break  # an unchunked prompt waits for a step with room for all of it
             if not self._make_room(request, n, out):
                 break  # it was the youngest and gave up its own pages
             self.kv.allocate(request, n)
             out.scheduled.append(self._entry(request, n))
-            budget -= n
+            budget = max(0, budget - n)
             i += 1
 
         # 2. Admit from the queue, but never in a step that had to preempt: the pool is full.
         while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
             cached = self.kv.lookup_prefix(request)
-            pending = request.num_tokens - len(cached) * self.kv.page_size
-            n = min(pending, budget)
-            if n < pending and not self.enable_chunked_prefill:
+            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
+            if n == 0:
                 break
             if not self.kv.can_allocate(request, n, cached):
                 break
@@ -47,8 +46,18 @@ class ContinuousScheduler(SchedulerBase):
             self.waiting.popleft()
             self._admit(request, n, cached)
             out.scheduled.append(self._entry(request, n))
-            budget -= n
+            budget = max(0, budget - n)
         return out
+
+    def _chunk(self, pending: int, budget: int) -> int:
+        """Tokens to compute now: as many as the budget allows, or with chunking off all or none.
+        An unchunked prompt bigger than the whole budget may run alone in a step of its own,
+        otherwise it (or a request recomputing after preemption) would wait forever."""
+        if self.enable_chunked_prefill:
+            return min(pending, budget)
+        if pending <= budget or budget == self.max_num_batched_tokens:
+            return pending
+        return 0
 
     @staticmethod
     def _entry(request: Request, n: int) -> ScheduledRequest:

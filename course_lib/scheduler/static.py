@@ -39,14 +39,16 @@ class StaticScheduler(SchedulerBase):
     def _board(self, out: SchedulerOutput) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            n = request.num_tokens  # the whole prompt at once: no chunking on the bus
-            if not self.kv.can_allocate(request, n):
+            cached = self.kv.lookup_prefix(request)
+            start = len(cached) * self.kv.page_size
+            n = request.num_tokens - start  # the whole (uncached) prompt at once: no chunking on the bus
+            if not self.kv.can_allocate(request, n, cached):
                 break
-            if not self.admission.can_admit(request, n, (), self.kv, self.running):
+            if not self.admission.can_admit(request, n, cached, self.kv, self.running):
                 break
             self.waiting.popleft()
-            self._admit(request, n, ())
-            out.scheduled.append(ScheduledRequest(request.request_id, n, 0, True))
+            self._admit(request, n, cached)
+            out.scheduled.append(ScheduledRequest(request.request_id, n, start, True))
         if out.scheduled:
             longest = max(s.num_new_tokens for s in out.scheduled)
             out.num_padded_tokens = sum(longest - s.num_new_tokens for s in out.scheduled)

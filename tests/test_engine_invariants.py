@@ -1,0 +1,84 @@
+"""Property tests: random arrivals, lengths, aborts and tiny pools never break the bookkeeping."""
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from course_lib import EngineConfig, LLMEngine, SamplingParams
+from course_lib.model.config import ModelConfig
+from invariants import check_all_finished, check_engine_invariants
+
+SCRIPTED_MODEL = ModelConfig(vocab_size=50, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+                             num_kv_heads=1, max_position_embeddings=64, eos_token_id=2)
+
+configs = st.fixed_dictionaries({
+    "page_size": st.sampled_from([1, 2, 4, 16]),
+    "num_pages_tokens": st.integers(64, 400),
+    "max_num_seqs": st.integers(1, 8),
+    "max_num_batched_tokens": st.integers(4, 80),
+    "scheduler": st.sampled_from(["continuous", "static"]),
+    "kv_layout": st.sampled_from(["paged", "contiguous"]),
+    "admission": st.sampled_from(["none", "reserve", "watermark"]),
+    "preemption": st.sampled_from(["recompute", "fail"]),
+    "enable_chunked_prefill": st.booleans(),
+    "enable_prefix_caching": st.booleans(),
+})
+
+events = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 30), st.integers(1, 30), st.integers(0, 2)),
+    st.tuples(st.just("abort"), st.integers(0, 50)),
+    st.tuples(st.just("step"), st.integers(1, 4)),
+), min_size=1, max_size=40)
+
+
+def _build(c):
+    tokens = c.pop("num_pages_tokens")
+    return EngineConfig(num_pages=max(tokens // c["page_size"], 64 // c["page_size"] + 1), **c)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=configs, script=events)
+def test_random_load_keeps_every_invariant(c, script):
+    engine = LLMEngine(SCRIPTED_MODEL, _build(dict(c)))
+    ids = []
+    for ev in script:
+        if ev[0] == "add":
+            _, prompt_len, max_tokens, out_len, prefix = ev
+            prompt = ([7] * 12 * prefix + [3 + (len(ids) + i) % 40 for i in range(prompt_len)])[:60]
+            try:
+                ids.append(engine.add_request(prompt, SamplingParams(max_tokens=max_tokens),
+                                              scripted_output_len=out_len))
+            except ValueError:
+                pass  # refused (e.g. bigger than the pool): refusing is allowed, corrupting is not
+        elif ev[0] == "abort" and ids:
+            engine.abort(ids[ev[1] % len(ids)])
+        else:
+            for _ in range(ev[1]):
+                engine.step()
+                check_engine_invariants(engine)
+    for _ in range(10_000):
+        if not engine.has_unfinished_requests:
+            break
+        engine.step()
+        check_engine_invariants(engine)
+    check_all_finished(engine)
+    for rid in ids:
+        r = engine.requests[rid]
+        if r.finish_reason.value in ("eos", "length"):
+            assert r.num_output_tokens <= r.sampling_params.max_tokens
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(c=configs, n=st.integers(1, 6), seed=st.integers(0, 1000))
+def test_random_configs_with_the_real_model_match_plain_generate(small_model, c, n, seed):
+    import random
+
+    c = dict(c, preemption="recompute")
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 61) for _ in range(rng.randint(1, 30))] for _ in range(n)]
+    if c["enable_prefix_caching"] and n > 1:
+        prompts = [prompts[0][:20] + p for p in prompts]  # a shared prefix so pages are actually shared
+    expected = [small_model.generate(p, 10, stop_token_ids=[]) for p in prompts]
+    engine = LLMEngine(small_model, _build(c))
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=10))
+    assert [o.token_ids for o in outputs] == expected
+    check_all_finished(engine)
