@@ -9,6 +9,9 @@ import torch
 from course_lib.model.config import ModelConfig
 from course_lib.model.transformer import Transformer
 
+# The test models are tiny: one thread is faster than two fighting over a shared 2-core machine.
+torch.set_num_threads(1)
+
 
 def random_model(seed: int = 0, **overrides) -> Transformer:
     """A random Llama-family model in float64 (GQA by default), no EOS so lengths are exact."""
