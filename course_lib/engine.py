@@ -14,7 +14,6 @@ built like `ContinuousScheduler`), `admission` (an object with `can_admit`), `pr
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import torch
 
@@ -32,21 +31,33 @@ from .scheduler.sampling import SamplingParams
 from .scheduler.static import StaticScheduler
 
 
-@dataclass
 class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    finished: bool
-    finish_reason: str | None
-    error: str | None = None
-    arrival_time: float = 0.0
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finish_time: float | None = None
-    num_preemptions: int = 0
-    num_cached_tokens: int = 0
-    new_token_ids: list[int] = field(default_factory=list)  # produced by the latest step (streaming)
+    """A snapshot of one request: its tokens so far, how it finished, and its timestamps.
+
+    Built for every request that changed in a step, so it must be cheap: it keeps the
+    request's own (append-only) output list and the length at snapshot time, and copies
+    only when `token_ids` is read."""
+
+    __slots__ = ("request_id", "prompt_token_ids", "_tokens", "_num_tokens", "finished", "finish_reason",
+                 "error", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
+                 "num_preemptions", "num_cached_tokens", "new_token_ids")
+
+    def __init__(self, request_id, prompt_token_ids, token_ids, finished, finish_reason, error=None,
+                 arrival_time=0.0, first_scheduled_time=None, first_token_time=None, finish_time=None,
+                 num_preemptions=0, num_cached_tokens=0, new_token_ids=()):
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids  # shared with the request, never mutated
+        self._tokens, self._num_tokens = token_ids, len(token_ids)
+        self.finished, self.finish_reason, self.error = finished, finish_reason, error
+        self.arrival_time, self.first_scheduled_time = arrival_time, first_scheduled_time
+        self.first_token_time, self.finish_time = first_token_time, finish_time
+        self.num_preemptions, self.num_cached_tokens = num_preemptions, num_cached_tokens
+        self.new_token_ids = list(new_token_ids)  # produced by the latest step (streaming)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The generated ids at snapshot time (a fresh list each read)."""
+        return self._tokens[: self._num_tokens]
 
     @property
     def ttft(self) -> float | None:
@@ -56,13 +67,17 @@ class RequestOutput:
     def latency(self) -> float | None:
         return None if self.finish_time is None else self.finish_time - self.arrival_time
 
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, "
+                f"finished={self.finished}, finish_reason={self.finish_reason!r})")
+
     @classmethod
     def of(cls, r: Request, new_token_ids=()) -> "RequestOutput":
         return cls(
-            r.request_id, list(r.prompt_token_ids), list(r.output_token_ids), r.is_finished,
+            r.request_id, r.prompt_token_ids, r.output_token_ids, r.is_finished,
             r.finish_reason.value if r.finish_reason and r.is_finished else None, r.error,
             r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finish_time,
-            r.num_preemptions, r.num_cached_tokens, list(new_token_ids),
+            r.num_preemptions, r.num_cached_tokens, new_token_ids,
         )
 
 
@@ -212,7 +227,8 @@ class LLMEngine:
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
             r.num_computed_tokens += s.num_new_tokens
-            self.kv.commit(r)
+            if self.prefix_cache is not None:
+                self.kv.commit(r)
             if not s.samples:
                 continue
             token = tokens[s.request_id]

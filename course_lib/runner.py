@@ -26,7 +26,7 @@ class PagedAttend:
 
     def __call__(self, layer, q, k, v):
         m, kc, vc = self.meta, self.k_caches[layer], self.v_caches[layer]
-        write_kv(kc, vc, k, v, m["slot_mapping"])
+        write_kv(kc, vc, k, v, m["slot_mapping"], may_skip=False)  # padding rows use the scratch page
         d, bt, lens = m["num_decodes"], m["block_tables"], m["seq_lens"]
         if d == len(lens):
             return self.decode_fn(q, kc, vc, bt, lens, self.scale)

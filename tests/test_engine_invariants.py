@@ -82,3 +82,15 @@ def test_random_configs_with_the_real_model_match_plain_generate(small_model, c,
     outputs = engine.generate(prompts, SamplingParams(max_tokens=10))
     assert [o.token_ids for o in outputs] == expected
     check_all_finished(engine)
+
+
+def test_a_policy_stricter_than_the_pool_still_admits_into_an_empty_engine():
+    from course_lib import EngineConfig as EC
+
+    engine = LLMEngine(SCRIPTED_MODEL, EC(page_size=16, num_pages=4, admission="watermark", watermark=0.5))
+    engine.add_request([5] * 60, SamplingParams(max_tokens=4), scripted_output_len=4)
+    for _ in range(50):
+        if not engine.has_unfinished_requests:
+            break
+        engine.step()
+    check_all_finished(engine)

@@ -84,3 +84,22 @@ def test_lookup_confirms_tokens_and_parent():
     cache.register(b, s, (3, 4))
     assert cache.lookup([1, 2, 3, 4], 2)[0] == [a]  # b's key was taken by a: b stays private
     assert cache.lookup([9, 9, 3, 4], 2)[0] == []
+
+
+def test_shared_pages_count_once_in_kv_accounting():
+    from course_lib.model.config import ModelConfig
+
+    mc = ModelConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+                     num_kv_heads=1, max_position_embeddings=256, eos_token_id=2)
+    engine = LLMEngine(mc, EngineConfig(page_size=16, num_pages=12, enable_prefix_caching=True, admission="none"))
+    prefix = [5] * 64
+    engine.add_request(prefix + [6], SamplingParams(max_tokens=40), scripted_output_len=40)
+    engine.step()
+    for t in (7, 8, 9):
+        engine.add_request(prefix + [t], SamplingParams(max_tokens=40), scripted_output_len=40)
+    engine.step()
+    s = engine.step_stats[-1]
+    # 4 shared prefix pages + 1 private tail page each = 8 pages. Tails: the first request has
+    # decoded one token past its 65-token prompt (2 in its tail), the others computed their 65th.
+    assert s.kv_allocated_slots == 8 * 16 <= s.kv_total_slots
+    assert s.kv_used_slots == 64 + 2 + 3 * 1

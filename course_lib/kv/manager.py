@@ -26,6 +26,8 @@ class KVCacheManager:
         self.reserve_max_len = reserve_max_len
         self.tables: dict[str, PageTable] = {}
         self.filled: dict[str, int] = {}  # slots holding (or about to hold) this request's tokens
+        self._num_filled = 0  # running sums of the above and of pages held: waste accounting is O(1)
+        self._num_held_pages = 0
         self._chain: dict[str, tuple[int, int]] = {}  # prefix cache: (pages registered, last serial)
 
     # -- questions --------------------------------------------------------------------------
@@ -63,11 +65,17 @@ class KVCacheManager:
     def can_allocate(self, request, num_new_tokens: int, cached_pages=()) -> bool:
         return self.num_pages_needed(request, num_new_tokens, cached_pages) <= self.pool.num_free_pages
 
-    def used_slots(self) -> int:
-        return sum(self.filled.values())
-
     def allocated_slots(self) -> int:
-        return sum(len(t.pages) for t in self.tables.values()) * self.page_size
+        """Slots in pages that some request holds; a page shared through the prefix cache counts once."""
+        return (self.pool.num_pages - self.pool.num_free_pages) * self.page_size
+
+    def wasted_slots(self) -> int:
+        """Reserved but empty: the unfilled tail of each request's pages. Shared pages are always
+        full, so summing per request never counts a shared page's slots twice."""
+        return self._num_held_pages * self.page_size - self._num_filled
+
+    def used_slots(self) -> int:
+        return self.allocated_slots() - self.wasted_slots()
 
     def slots(self, request_id: str, start: int, count: int) -> list[int]:
         return self.tables[request_id].slots(start, count)
@@ -86,6 +94,18 @@ class KVCacheManager:
         return pages
 
     # -- actions ----------------------------------------------------------------------------
+    def try_append_slot(self, request) -> bool:
+        """The common decode: if the next token's slot is already inside the request's last page,
+        claim it and say True (no page needed, no questions). False means: use can_allocate/allocate."""
+        rid = request.request_id
+        table = self.tables.get(rid)
+        computed = request.num_computed_tokens
+        if table is None or computed >= len(table.pages) * self.page_size:
+            return False
+        self._num_filled += computed + 1 - self.filled[rid]
+        self.filled[rid] = computed + 1
+        return True
+
     def allocate(self, request, num_new_tokens: int, cached_pages=()) -> None:
         """Room for `num_new_tokens` more tokens of `request` (raises OutOfPages if there is none).
         On a request's first allocation, `cached_pages` (from lookup_prefix) become its first pages
@@ -98,6 +118,7 @@ class KVCacheManager:
                 for page in cached_pages:
                     self.pool.share(page)
                 table.pages.extend(cached_pages)
+                self._num_held_pages += len(cached_pages)
                 request.num_computed_tokens = len(cached_pages) * self.page_size
                 _, serial = self.prefix_cache.lookup(request.all_token_ids, len(cached_pages))
                 self._chain[rid] = (len(cached_pages), serial)
@@ -109,7 +130,10 @@ class KVCacheManager:
         need = self.pages_to_hold(target) - len(table.pages)
         if need > 0:
             table.pages.extend(self.pool.allocate(need))
-        self.filled[rid] = request.num_computed_tokens + num_new_tokens
+            self._num_held_pages += need
+        filled = request.num_computed_tokens + num_new_tokens
+        self._num_filled += filled - self.filled.get(rid, 0)
+        self.filled[rid] = filled
 
     def commit(self, request) -> None:
         """After a step: offer the request's newly completed pages to the prefix cache."""
@@ -129,7 +153,8 @@ class KVCacheManager:
         """Give back every page of `request` (finished, aborted or preempted)."""
         rid = request.request_id
         table = self.tables.pop(rid, None)
-        self.filled.pop(rid, None)
+        self._num_filled -= self.filled.pop(rid, 0)
         self._chain.pop(rid, None)
         if table is not None:
+            self._num_held_pages -= len(table.pages)
             self.pool.free(table.pages)

@@ -22,6 +22,11 @@ class ContinuousScheduler(SchedulerBase):
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.num_pending_tokens == 1 and self.kv.try_append_slot(request):
+                out.scheduled.append(ScheduledRequest(request.request_id, 1, request.num_computed_tokens, True))
+                budget -= 1
+                i += 1
+                continue
             n = self._chunk(request.num_pending_tokens, budget)
             if n == 0:
                 break  # an unchunked prompt waits for a step with room for all of it
@@ -41,7 +46,9 @@ class ContinuousScheduler(SchedulerBase):
                 break
             if not self.kv.can_allocate(request, n, cached):
                 break
-            if not self.admission.can_admit(request, n, cached, self.kv, self.running):
+            # An empty engine always admits (the request was checked to fit the pool when added),
+            # otherwise a policy stricter than the pool could keep a lone request waiting forever.
+            if self.running and not self.admission.can_admit(request, n, cached, self.kv, self.running):
                 break
             self.waiting.popleft()
             self._admit(request, n, cached)

@@ -44,7 +44,7 @@ class StaticScheduler(SchedulerBase):
             n = request.num_tokens - start  # the whole (uncached) prompt at once: no chunking on the bus
             if not self.kv.can_allocate(request, n, cached):
                 break
-            if not self.admission.can_admit(request, n, cached, self.kv, self.running):
+            if self.running and not self.admission.can_admit(request, n, cached, self.kv, self.running):
                 break
             self.waiting.popleft()
             self._admit(request, n, cached)
