@@ -43,7 +43,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, backend: st
     return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, **kwargs)
 
 
-def paged_prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, backend: str = "torch"):
+def paged_prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, backend: str = "torch",
+                  **kwargs):
     """q: [num_tokens, num_heads, head_dim], sequence s owns rows query_start_loc[s]:query_start_loc[s+1];
     those are the *last* n_s of its seq_lens[s] cached tokens, each attending causally to everything
     up to and including itself. Returns [num_tokens, num_heads, head_dim]."""
@@ -54,7 +55,7 @@ def paged_prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, 
         return paged_prefill_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     from .triton_prefill import paged_prefill_triton
 
-    return paged_prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    return paged_prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, **kwargs)
 
 
 def default_backend(device: torch.device | str) -> str:

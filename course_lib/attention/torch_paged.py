@@ -1,44 +1,73 @@
-"""Vectorised paged attention in plain torch: gather each sequence's pages, mask, softmax.
+"""Vectorised paged attention in plain torch: gather each sequence's tokens, mask, softmax.
 
-GQA without copying K/V per query head: queries are viewed as [kv_heads, group, ...] and
-broadcast against one K/V head each.
+Written to stay within a small factor of attention over a contiguous cache:
+
+- **Gather by slot, a few KV heads at a time.** Context position `t` of a sequence lives in the
+  physical slot `page * page_size + row`. We gather the keys (and values) of every
+  (sequence, position) for as many KV heads as fit in `GATHER_BYTES` and use them at once, while
+  they are still in cache. (Gathering the whole context in one go writes, then re-reads, a copy
+  of it through main memory: about three times the traffic of contiguous attention. On a GPU the
+  budget also bounds the temporary memory.)
+- **GQA as a bigger matrix, not a broadcast.** The `group` query heads that share a KV head are
+  the rows of one `[group * queries, head_dim]` matrix, so each KV head is one batched matmul
+  over sequences, reading the gathered keys in place (strided, no copy). (Broadcasting K over a
+  group dimension instead makes `matmul` materialise K `group` times.)
+- **Positions past `seq_len` read a real token.** Slots beyond a sequence's length may hold
+  garbage, even NaN, and a masked softmax weight of 0 times NaN is still NaN. So those positions
+  gather the sequence's own token 0 (always finite), and the mask gives them weight 0.
 """
 from __future__ import annotations
 
 import torch
 
 
-def _gather_context(k_cache, v_cache, block_tables, max_len):
-    """[num_seqs, max_len, num_kv_heads, head_dim] views of each sequence's first max_len slots."""
-    page_size = k_cache.shape[1]
-    num_pages_needed = (max_len + page_size - 1) // page_size
-    pages = block_tables[:, :num_pages_needed].long()
-    k = k_cache[pages].flatten(1, 2)[:, :max_len]
-    v = v_cache[pages].flatten(1, 2)[:, :max_len]
-    return k, v
+def _context_slots(block_tables, seq_lens, max_len, page_size):
+    """([num_seqs, max_len] physical slot of each context position, [num_seqs, max_len] True
+    inside the sequence). Positions >= seq_len point at the sequence's token 0, so nothing
+    outside the sequence is ever read."""
+    device = block_tables.device
+    t = torch.arange(max_len, device=device)
+    pages = block_tables[:, :(max_len + page_size - 1) // page_size].long()
+    slots = pages[:, t // page_size] * page_size + t % page_size
+    inside = t[None, :] < seq_lens[:, None].to(device)
+    return torch.where(inside, slots, slots[:, :1]), inside
 
 
-def _masked_attention(q, k, v, mask, scale):
-    """q: [S, Q, H, D]; k, v: [S, L, KVH, D]; mask: [S, Q, L] True where visible -> [S, Q, H, D]."""
+GATHER_BYTES = 2 * 2**20  # per gathered K (and V) chunk: about what a CPU core keeps in L2
+
+
+def _attend(q, k_cache, v_cache, slots, mask, scale):
+    """q: [S, Q, H, D]; slots: [S, L] (all of them the sequence's own tokens);
+    mask: [S, Q, L] True where visible -> [S, Q, H, D]."""
     S, Q, H, D = q.shape
-    kvh = k.shape[2]
-    qg = q.view(S, Q, kvh, H // kvh, D).permute(0, 2, 3, 1, 4)  # [S, KVH, G, Q, D]
-    kt = k.permute(0, 2, 3, 1)  # [S, KVH, D, L]
+    num_pages, page_size, kvh, _ = k_cache.shape
+    L, group = slots.shape[1], H // kvh
     compute = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(qg.to(compute), kt.unsqueeze(2).to(compute)) * scale  # [S, KVH, G, Q, L]
-    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    # Slots outside the mask may hold garbage (even NaN): zero them so 0 * NaN never happens.
-    vv = torch.where(mask.any(1)[:, :, None, None], v, torch.zeros((), dtype=v.dtype, device=v.device))
-    out = torch.matmul(probs, vv.permute(0, 2, 1, 3).unsqueeze(2).to(compute))  # [S, KVH, G, Q, D]
-    return out.permute(0, 3, 1, 2, 4).reshape(S, Q, H, D).to(q.dtype)
+    flat_k = k_cache.view(num_pages * page_size, kvh, D)
+    flat_v = v_cache.view(num_pages * page_size, kvh, D)
+    index = slots.reshape(-1).to(k_cache.device)
+    # Rows of KV head h's query matrix: (query head in the group, query token). The softmax
+    # scale is applied here, to the few queries, rather than to the many scores.
+    qg = q.view(S, Q, kvh, group, D).permute(2, 0, 3, 1, 4).reshape(kvh, S, group * Q, D).to(compute) * scale
+    hidden = ~mask[:, None]  # [S, 1, Q, L], broadcast over the group
+    out = torch.empty(kvh, S, group * Q, D, dtype=compute, device=q.device)
+    # As many KV heads per gather as fit the budget (all of them for a small batch: fewer ops).
+    per_gather = max(1, min(kvh, GATHER_BYTES // max(1, S * L * D * k_cache.element_size())))
+    for first in range(0, kvh, per_gather):
+        heads = slice(first, min(first + per_gather, kvh))
+        k = flat_k[:, heads].index_select(0, index).view(S, L, -1, D).to(compute)
+        v = flat_v[:, heads].index_select(0, index).view(S, L, -1, D).to(compute)
+        for j, h in enumerate(range(heads.start, heads.stop)):
+            scores = torch.bmm(qg[h], k[:, :, j].transpose(1, 2))  # [S, G*Q, L]
+            scores.view(S, group, Q, L).masked_fill_(hidden, float("-inf"))
+            torch.bmm(torch.softmax(scores, dim=-1), v[:, :, j], out=out[h])
+    return out.view(kvh, S, group, Q, D).permute(1, 3, 0, 2, 4).reshape(S, Q, H, D).to(q.dtype)
 
 
 def paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale):
     max_len = int(seq_lens.max())
-    k, v = _gather_context(k_cache, v_cache, block_tables, max_len)
-    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)
-    return _masked_attention(q[:, None], k, v, mask[:, None, :], scale)[:, 0]
+    slots, inside = _context_slots(block_tables, seq_lens, max_len, k_cache.shape[1])
+    return _attend(q[:, None], k_cache, v_cache, slots, inside[:, None, :].to(q.device), scale)[:, 0]
 
 
 def paged_prefill_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale):
@@ -47,7 +76,7 @@ def paged_prefill_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_
     counts = starts[1:] - starts[:-1]
     num_seqs, max_q = counts.numel(), int(counts.max())
     max_len = int(seq_lens.max())
-    k, v = _gather_context(k_cache, v_cache, block_tables, max_len)
+    slots, _ = _context_slots(block_tables, seq_lens, max_len, k_cache.shape[1])
     # Pad the ragged queries into [S, max_q]: row j of sequence s is query starts[s] + j.
     j = torch.arange(max_q, device=device)
     valid_q = j[None, :] < counts[:, None]
@@ -57,5 +86,5 @@ def paged_prefill_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_
     mask = torch.arange(max_len, device=device)[None, None, :] <= positions[:, :, None]
     mask = mask & valid_q[:, :, None]
     mask[:, :, 0] |= ~valid_q  # padded query rows see one token so their softmax stays finite
-    out = _masked_attention(qp, k, v, mask, scale)
+    out = _attend(qp, k_cache, v_cache, slots, mask, scale)
     return out[valid_q]
