@@ -30,8 +30,10 @@ events = st.lists(st.one_of(
 
 
 def _build(c):
+    # max_model_len 64 for both the scripted and the real model, so a contiguous pool of at
+    # least 64 tokens always holds one request.
     tokens = c.pop("num_pages_tokens")
-    return EngineConfig(num_pages=max(tokens // c["page_size"], 64 // c["page_size"] + 1), **c)
+    return EngineConfig(num_pages=max(tokens // c["page_size"], 64 // c["page_size"] + 1), max_model_len=64, **c)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
