@@ -1,0 +1,49 @@
+"""python -m autograder {grade, demo-course}: see docs/grading.md."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("grade", help="grade submitted notebooks without an nbgrader database",
+                       description="Grade notebooks: restore test / read-only cells from the source, run them in a "
+                                   "fresh kernel under the integrity guard, score the graded test cells.")
+    g.add_argument("notebooks", nargs="+", help="submitted .ipynb files (or folders of them)")
+    g.add_argument("--json", required=True, help="where to write the grades (JSON)")
+    g.add_argument("--source-dir", default="solutions",
+                   help="the instructor's nbgrader source notebooks, <dir>/<assignment>/<name>.ipynb (default: solutions)")
+    g.add_argument("--timeout", type=int, default=60, help="per-cell timeout in seconds (default: 60)")
+    g.add_argument("--html", metavar="DIR", default=None, help="also write an HTML feedback page per notebook here")
+    g.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+    g.add_argument("--jobs", type=int, default=1, help="notebooks graded in parallel (default: 1)")
+
+    d = sub.add_parser("demo-course", help="run the real nbgrader flow on a throwaway course directory",
+                       description="generate_assignment, simulated release and collection (a perfect student, a "
+                                   "student who submits the released notebook, a student with one planted bug), "
+                                   "autograde, generate_feedback, export; prints the grades and checks them.")
+    d.add_argument("--dir", default=None, help="course directory to create (default: a temporary one)")
+    d.add_argument("--source-dir", default="solutions", help="where the nbgrader source notebooks are")
+    d.add_argument("--assignment", action="append", default=None,
+                   help="only these assignments (repeatable; default: every assignment in --source-dir)")
+    d.add_argument("--timeout", type=int, default=120, help="per-cell timeout for nbgrader autograde (seconds)")
+    d.add_argument("--keep", action="store_true", help="keep the temporary course directory")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "grade":
+        from .grade import main as grade_main
+
+        return grade_main(args)
+    from .demo_course import main as demo_main
+
+    return demo_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Checks for notebook 00 (setup): KV bytes per token, and a first answer through the engine."""
+from __future__ import annotations
+
+import random
+
+from course_lib.model.config import ModelConfig
+
+from .. import fixtures
+from .._checking import call, check, expect, fail, watch_calls
+
+
+def _kv_cases(rng: random.Random):
+    # Llama-3-8B's shape first (a number students can check by hand), then random GQA / MQA / MHA
+    # shapes whose head_dim is NOT hidden_size // num_heads, so every factor is pinned down.
+    cases = [(ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                          num_heads=32, num_kv_heads=8, head_dim=128), 2)]
+    for kv_heads, groups in ((rng.choice([2, 3]), rng.choice([2, 4])), (1, rng.choice([4, 8])), (rng.choice([2, 4]), 1)):
+        heads = kv_heads * groups
+        head_dim = rng.choice([24, 40, 48])
+        cases.append((ModelConfig(vocab_size=100, hidden_size=heads * 16, intermediate_size=64,
+                                  num_layers=rng.randint(2, 9), num_heads=heads, num_kv_heads=kv_heads,
+                                  head_dim=head_dim), rng.choice([1, 2, 4])))
+    return cases
+
+
+def _kv_hint(cfg, b, got) -> str:
+    L, kvh, hd = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    wrong = {
+        "num_heads instead of num_kv_heads (with GQA only the KV heads are cached)": 2 * L * cfg.num_heads * hd * b,
+        "no factor 2 (every token stores a key AND a value)": L * kvh * hd * b,
+        "no num_layers factor (every layer has its own cache)": 2 * kvh * hd * b,
+        "hidden_size instead of num_kv_heads * head_dim": 2 * L * cfg.hidden_size * b,
+        "no bytes_per_elem factor": 2 * L * kvh * hd,
+    }
+    for reason, value in wrong.items():
+        if got == value:
+            return f" It looks like you used {reason}."
+    return ""
+
+
+@check("kv_bytes_per_token")
+def check_kv_bytes_per_token(impl, seed, allow_reference):
+    for cfg, b in _kv_cases(random.Random(seed)):
+        want = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * b
+        got = call(f"kv_bytes_per_token(config, {b})", impl, cfg, b)
+        shape = (f"num_layers={cfg.num_layers}, num_heads={cfg.num_heads}, num_kv_heads={cfg.num_kv_heads}, "
+                 f"head_dim={cfg.head_dim}, hidden_size={cfg.hidden_size}, bytes_per_elem={b}")
+        expect(isinstance(got, int) and not isinstance(got, bool),
+               f"kv_bytes_per_token must return an int (a number of bytes), got {type(got).__name__} {got!r} "
+               f"for {shape}")
+        expect(got == want, lambda: f"kv_bytes_per_token for {shape}: expected {want} bytes "
+                                    f"(2 x layers x KV heads x head_dim x bytes), got {got}.{_kv_hint(cfg, b, got)}")
+
+
+_WORDS = ["reverse: serving", "sort: 3,1,2", "add: 12,30", "copy: paged", "count: aaa", "upper: kv cache",
+          "echo: turnstile", "len: batching", "reverse: gpu", "sum: 1,2,3,4"]
+
+
+def _answer_cases(seed: int):
+    """Three (prompt, max_tokens or None for the default, expected text) cases: one that stops on EOS,
+    one cut by an explicit max_tokens, one that needs the default max_tokens=64 (longer than 16)."""
+    model, tok = fixtures.char_model(seed)
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyz"
+    prompts = rng.sample(_WORDS, len(_WORDS)) + [
+        f"{rng.choice(['reverse', 'copy', 'sort'])}: " + "".join(rng.choice(alphabet) for _ in range(rng.randint(3, 9)))
+        for _ in range(6)]
+    eos = tok.eos_token_id
+    # A short look at every prompt picks the cases; only the long one is generated to the end.
+    runs = fixtures.greedy(model, [tok.encode_prompt(p) for p in prompts], 24, [eos])
+    eos_case = next((i for i, r in enumerate(runs) if r[-1] == eos and len(r) > 1), None)
+    long_cases = [i for i, r in enumerate(runs) if len(r) == 24 and eos not in r and len(tok.decode(r)) > 20]
+    cases = []
+    if eos_case is not None:
+        cases.append((prompts[eos_case], None, tok.decode(runs[eos_case])))
+    if long_cases:
+        i = long_cases[0]
+        cut = rng.randint(5, 12)
+        cases.append((prompts[i], cut, tok.decode(runs[i][:cut])))
+        j = long_cases[-1]
+        (full,) = fixtures.greedy(model, [tok.encode_prompt(prompts[j])], 64, [eos])
+        cases.append((prompts[j], None, tok.decode(full)))
+    return model, tok, cases
+
+
+@check("answer")
+def check_answer(impl, seed, allow_reference):
+    model, tok, cases = _answer_cases(seed)
+    expect(cases, "internal: no usable answer cases for this seed")
+    import course_lib.engine as engine_module
+
+    for prompt, max_tokens, want in cases:
+        args = (model, tok, prompt) if max_tokens is None else (model, tok, prompt, max_tokens)
+        shown = f"answer(model, tokenizer, {prompt!r}" + ("" if max_tokens is None else f", max_tokens={max_tokens}") + ")"
+        with watch_calls([engine_module]) as calls:
+            got = call(shown, impl, *args)
+        expect(isinstance(got, str), f"{shown} must return the decoded text (a str), got {type(got).__name__}: {got!r:.80}")
+        expect(any(func == "step" for _, func in calls),
+               f"{shown} must serve the prompt through the engine: LLMEngine(model, EngineConfig()).generate(...) "
+               "(the engine's step() was never called)")
+        if got != want:
+            hint = ""
+            if got.startswith(prompt) or got.endswith(want) and len(got) > len(want):
+                hint = " It looks like the prompt is included: decode only the generated token_ids."
+            elif max_tokens is None and len(want) > 16 and len(got) == 16:
+                hint = " It stopped after 16 tokens: pass SamplingParams(max_tokens=max_tokens) (default 64)."
+            elif max_tokens is not None and len(got) > len(want) and got.startswith(want):
+                hint = f" It is longer than max_tokens={max_tokens}: pass SamplingParams(max_tokens=max_tokens)."
+            elif not got:
+                hint = " Encode the prompt with tokenizer.encode_prompt(prompt) (<bos> + text + separator)."
+            fail(f"{shown} returned {got!r}, expected the model's greedy answer {want!r}.{hint or ' Encode with tokenizer.encode_prompt(prompt), generate greedily with SamplingParams(max_tokens=max_tokens), decode out.token_ids.'}")

@@ -1,0 +1,323 @@
+"""Checks for notebook 03 (paged KV): the block pool, slot mapping, and the two kinds of waste.
+
+The pool is checked three ways: a scripted walk through the cases that matter (the last free
+page, running out, double free, shared pages), a seeded random sequence of requests arriving,
+growing, sharing and leaving (the full state is compared after every operation), and serving a
+float64 model through the real engine with the student's pool (greedy tokens must not change).
+"""
+from __future__ import annotations
+
+import random
+
+from course_lib import EngineConfig, LLMEngine, SamplingParams
+
+from .. import fixtures
+from .._checking import call, check, drive, expect, fail, forbid_calls
+
+
+def _block_pool_class():
+    from course_lib.kv.block_pool import BlockPool
+
+    return (BlockPool,)
+
+
+def _block_pool_module():
+    import course_lib.kv.block_pool as block_pool
+
+    return [block_pool]
+
+
+def _is_out_of_pages(exc) -> bool:
+    from course_lib.kv.block_pool import OutOfPages
+
+    return isinstance(exc, OutOfPages) or type(exc).__name__ == "OutOfPages"
+
+
+class _PoolModel:
+    """What the pool's state must be: owners per page."""
+
+    def __init__(self, impl, num_pages, page_size):
+        self.pool = call(f"StudentBlockPool({num_pages}, {page_size})", impl, num_pages, page_size)
+        self.num_pages = num_pages
+        self.refs = [0] * num_pages
+        self.log: list[str] = []
+
+    @property
+    def free_pages(self):
+        return [p for p, r in enumerate(self.refs) if r == 0]
+
+    def state_error(self) -> str | None:
+        pool = self.pool
+        n_free = call("num_free_pages", lambda: pool.num_free_pages)
+        if n_free != len(self.free_pages):
+            return f"num_free_pages is {n_free}, expected {len(self.free_pages)}"
+        for page in range(self.num_pages):
+            rc = call(f"ref_counts[{page}]", lambda: pool.ref_counts[page])
+            if rc != self.refs[page]:
+                return f"ref_counts[{page}] is {rc}, expected {self.refs[page]}"
+            free = call(f"is_free({page})", pool.is_free, page)
+            if bool(free) != (self.refs[page] == 0):
+                return (f"page {page} is still marked used (is_free({page}) is False) although nobody holds it"
+                        if self.refs[page] == 0 else
+                        f"page {page} is marked free (is_free({page}) is True) but {self.refs[page]} owner(s) still hold it")
+        return None
+
+    def verify(self, action: str) -> None:
+        self.log.append(action)
+        error = self.state_error()
+        if error:
+            history = "; ".join(self.log[-4:])
+            fail(f"StudentBlockPool({self.num_pages} pages): after {action}, {error}. (Last operations: {history})")
+
+    def allocate(self, n, action):
+        free_before = set(self.free_pages)
+        pages = call(f"allocate({n})", self.pool.allocate, n)
+        expect(isinstance(pages, (list, tuple)), f"StudentBlockPool.allocate({n}) must return a list of page ids, "
+                                                 f"got {type(pages).__name__}")
+        pages = list(pages)
+        expect(len(pages) == n, f"StudentBlockPool.allocate({n}) returned {len(pages)} pages: {pages}")
+        expect(len(set(pages)) == n, f"StudentBlockPool.allocate({n}) returned the same page twice: {pages}")
+        for p in pages:
+            expect(isinstance(p, int) and 0 <= p < self.num_pages,
+                   f"StudentBlockPool.allocate({n}) returned {p!r}, not a page id in 0..{self.num_pages - 1}")
+            if p not in free_before:
+                fail(f"StudentBlockPool: {action}: allocate({n}) handed out page {p}, which is still in use "
+                     f"({self.refs[p]} owner(s)): a page in use must never be allocated again (check free() and "
+                     "share() keep the free list right)")
+        for p in pages:
+            self.refs[p] = 1
+        self.verify(f"{action} (allocate({n}) -> {pages})")
+        return pages
+
+    def free(self, pages, action):
+        call(f"free({pages})", self.pool.free, list(pages))
+        for p in pages:
+            self.refs[p] -= 1
+        self.verify(f"{action} (free({pages}))")
+
+    def share(self, page, action):
+        call(f"share({page})", self.pool.share, page)
+        self.refs[page] += 1
+        self.verify(f"{action} (share({page}))")
+
+    def expect_out_of_pages(self, n, action):
+        before = len(self.free_pages)
+        try:
+            self.pool.allocate(n)
+        except Exception as exc:  # noqa: BLE001
+            expect(_is_out_of_pages(exc),
+                   f"StudentBlockPool: allocate({n}) with only {before} free pages must raise OutOfPages "
+                   f"(from course_lib.kv.block_pool import OutOfPages), got {type(exc).__name__}: {exc}")
+        else:
+            fail(f"StudentBlockPool: allocate({n}) with only {before} free pages must raise OutOfPages, "
+                 "but it returned")
+        error = self.state_error()
+        if error:
+            fail(f"StudentBlockPool: after allocate({n}) failed with only {before} free pages, the pool must be "
+                 f"unchanged (check before taking any page), but {error}")
+        self.log.append(f"{action} (allocate({n}) -> OutOfPages)")
+
+
+def _walkthrough(impl):
+    m = _PoolModel(impl, 8, 4)
+    pool = m.pool
+    expect(getattr(pool, "num_pages", None) == 8 and getattr(pool, "page_size", None) == 4,
+           "StudentBlockPool(8, 4) must store num_pages=8 and page_size=4 as attributes (the engine reads them)")
+    expect(getattr(pool, "on_evict", "missing") is None,
+           "StudentBlockPool must start with the hook on_evict = None (the prefix cache sets it later)")
+    is_cached = getattr(pool, "is_cached", None)
+    expect(callable(is_cached) and not is_cached(0),
+           "StudentBlockPool must start with the hook is_cached = lambda page: False (the prefix cache sets it later)")
+    m.verify("StudentBlockPool(8, 4)")
+    a = m.allocate(3, "request A arrives")
+    b = m.allocate(5, "request B takes the last 5 free pages")
+    m.expect_out_of_pages(1, "request C finds the pool full")
+    m.free(a, "request A finishes")
+    m.expect_out_of_pages(4, "request C asks for 4 pages")
+    try:
+        pool.free([a[0]])
+    except Exception:  # noqa: BLE001 - any error is fine: a double free must not pass silently
+        pass
+    else:
+        fail(f"StudentBlockPool: freeing page {a[0]} a second time (request A already freed it) must raise an error "
+             "(double free); silently accepting it corrupts the free list")
+    error = m.state_error()
+    if error:
+        fail(f"StudentBlockPool: after the rejected double free of page {a[0]}, {error}")
+    # Sharing: a page used by B gains an owner; it stays used until both have freed it.
+    shared = b[0]
+    m.share(shared, f"request D shares B's page {shared}")
+    m.free([shared], f"request B frees page {shared} (D still uses it)")
+    m.free([shared], f"request D frees page {shared}")
+    # A free page with cached contents comes back into use through share(): it must leave the free list.
+    revived = m.free_pages[0]
+    m.share(revived, f"request E revives the free cached page {revived}")
+    rest = m.allocate(len(m.free_pages), "request F takes every other free page")
+    expect(revived not in rest, f"StudentBlockPool: page {revived} was revived by share() but allocate() handed it out again")
+    m.free(rest, "request F finishes")
+    m.free([revived], "request E finishes")
+    m.free(b[1:], "request B finishes")
+    expect(pool.num_free_pages == 8, f"StudentBlockPool: after every request finished, num_free_pages is "
+                                     f"{pool.num_free_pages}, expected 8")
+
+
+def _random_walk(impl, seed):
+    rng = random.Random(seed)
+    m = _PoolModel(impl, rng.randint(10, 16), rng.choice([2, 4, 16]))
+    held: dict[str, list[int]] = {}
+    counter = 0
+    for _ in range(60):
+        op = rng.random()
+        if op < 0.35 or not held:
+            n = rng.randint(1, 4)
+            counter += 1
+            name = f"request {counter}"
+            if n > len(m.free_pages):
+                m.expect_out_of_pages(n, f"{name} arrives")
+            else:
+                held[name] = m.allocate(n, f"{name} arrives")
+        elif op < 0.55:
+            name = rng.choice(sorted(held))
+            if m.free_pages:
+                held[name] += m.allocate(1, f"{name} grows by one page")
+        elif op < 0.7:
+            donor = rng.choice(sorted(held))
+            counter += 1
+            name = f"request {counter}"
+            prefix = held[donor][: rng.randint(1, len(held[donor]))]
+            for p in prefix:
+                m.share(p, f"{name} shares {donor}'s page {p}")
+            held[name] = list(prefix)
+        else:
+            name = rng.choice(sorted(held))
+            m.free(held.pop(name), f"{name} finishes and frees its pages")
+    for name in sorted(held):
+        m.free(held.pop(name), f"{name} finishes and frees its pages")
+
+
+@check("StudentBlockPool", forbidden=_block_pool_class)
+def check_StudentBlockPool(impl, seed, allow_reference):
+    name = "StudentBlockPool"
+    expect(isinstance(impl, type), f"{name} must be a class, got {type(impl).__name__}")
+    with forbid_calls(name, _block_pool_module(), enabled=not allow_reference):
+        _walkthrough(impl)
+        _random_walk(impl, seed)
+        # Serve a float64 model with the student's pool: small enough that requests get preempted.
+        rng = random.Random(seed)
+        model = fixtures.random_model(seed)
+        prompts = fixtures.random_prompts(rng, 6, model.config.vocab_size, lo=1, hi=16)
+        want = fixtures.greedy(model, prompts, 8)
+        pool = impl(12, 4)
+        engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=12, max_num_seqs=4, max_num_batched_tokens=16,
+                                               admission="none"), block_pool=pool)
+        for i, p in enumerate(prompts):
+            engine.add_request(p, SamplingParams(max_tokens=8), request_id=f"r{i}")
+        drive(engine, f"{name} (serving a float64 model from a 12-page pool)", max_steps=400)
+    for i, w in enumerate(want):
+        got = engine.requests[f"r{i}"].output_token_ids
+        expect(got == w, f"{name}: serving a float64 model with your pool, request r{i} produced {got} instead of the "
+                         f"model's greedy answer {w}: two requests were given the same page, so one overwrote the "
+                         "other's keys and values")
+    expect(pool.num_free_pages == 12, f"{name}: after the engine finished every request, {12 - pool.num_free_pages} "
+                                      "of 12 pages are still used: freed pages must return to the free list")
+
+
+# ---------------------------------------------------------------------------------------------
+# slot_mapping
+# ---------------------------------------------------------------------------------------------
+
+
+def _page_table_module():
+    import course_lib.kv.page_table as page_table
+
+    return [page_table]
+
+
+def _slots(table, ps, start, count):
+    return [table[p // ps] * ps + p % ps for p in range(start, start + count)]
+
+
+@check("slot_mapping")
+def check_slot_mapping(impl, seed, allow_reference):
+    rng = random.Random(seed)
+    cases = [([7, 2, 9], 4, 0, 12), ([7, 2, 9], 4, 5, 6), ([7, 2, 9], 4, 4, 1), ([7, 2, 9], 4, 3, 0), ([3], 1, 0, 1)]
+    for _ in range(4):
+        ps = rng.choice([1, 2, 3, 4, 8, 16])
+        table = rng.sample(range(64), rng.randint(1, 6))
+        capacity = len(table) * ps
+        start = rng.randint(0, capacity - 1)
+        cases.append((table, ps, start, rng.randint(1, capacity - start)))
+    with forbid_calls("slot_mapping", _page_table_module(), enabled=not allow_reference):
+        for table, ps, start, count in cases:
+            shown = f"slot_mapping({table}, page_size={ps}, start={start}, count={count})"
+            got = call(shown, impl, list(table), ps, start, count)
+            want = _slots(table, ps, start, count)
+            expect(isinstance(got, (list, tuple)), f"{shown} must return a list of slots, got {type(got).__name__}")
+            got = list(got)
+            if got == want:
+                continue
+            positions = list(range(start, start + count))
+            hint = ""
+            if got == positions:
+                hint = " Those are token positions: map each through the block table (page = table[pos // page_size])."
+            elif len(got) != count:
+                hint = f" It has {len(got)} slots instead of count={count}: positions start .. start + count - 1."
+            elif got == _slots(table, ps, 0, count):
+                hint = " It starts at position 0: the positions are start .. start + count - 1."
+            fail(f"{shown} = {got}, expected {want} (slot = page * page_size + position % page_size).{hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# waste
+# ---------------------------------------------------------------------------------------------
+
+
+def _waste_cases(rng, hi):
+    cases = [[5, 8, 1], [16, 32, 0], [1]]
+    for _ in range(3):
+        cases.append([rng.randint(0 if hi else 1, 60) for _ in range(rng.randint(1, 8))])
+    return cases
+
+
+@check("paged_waste")
+def check_paged_waste(impl, seed, allow_reference):
+    rng = random.Random(seed)
+    for tokens in _waste_cases(rng, True):
+        for ps in (4, 16, rng.choice([1, 3, 8])):
+            shown = f"paged_waste({tokens}, page_size={ps})"
+            got = call(shown, impl, list(tokens), ps)
+            want = sum(-(-n // ps) * ps - n for n in tokens)
+            expect(isinstance(got, int) and not isinstance(got, bool),
+                   f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
+            if got != want:
+                hint = ""
+                if got == sum((n // ps + 1) * ps - n for n in tokens):
+                    hint = (" It reserves one page too many when a request fills its last page exactly: "
+                            "pages = ceil(n / page_size) = -(-n // page_size).")
+                elif got == sum(-(-n // ps) - n / ps for n in tokens) or got == sum(-(-n // ps) for n in tokens):
+                    hint = " Count slots, not pages."
+                elif got == sum(max(1, -(-n // ps)) * ps - n for n in tokens):
+                    hint = " A request with 0 tokens holds no page yet."
+                fail(f"{shown} = {got}, expected {want}: each request holds ceil(n / page_size) pages; the "
+                     f"unused slots of its last page are the waste.{hint}")
+
+
+@check("contiguous_waste")
+def check_contiguous_waste(impl, seed, allow_reference):
+    rng = random.Random(seed)
+    for tokens in _waste_cases(rng, False):
+        tokens = [max(1, n) for n in tokens]
+        for max_len in (max(tokens), 64, rng.choice([100, 128, 2048])):
+            shown = f"contiguous_waste({tokens}, max_len={max_len})"
+            got = call(shown, impl, list(tokens), max_len)
+            want = sum(max_len - n for n in tokens)
+            expect(isinstance(got, int) and not isinstance(got, bool),
+                   f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
+            if got != want:
+                hint = ""
+                if got == sum(max(tokens) - n for n in tokens) and max_len != max(tokens):
+                    hint = " Each request reserves max_len slots, not the longest request's length."
+                elif got == len(tokens) * max_len:
+                    hint = " Subtract the slots each request actually fills."
+                fail(f"{shown} = {got}, expected {want}: every request reserves max_len slots up front; the "
+                     f"ones it does not fill are the waste.{hint}")

@@ -1,0 +1,249 @@
+"""Checks for notebook 05 (a hundred users): latency percentiles, and the closed-loop driver.
+
+`latency_summary` is compared with the definitions of course_lib.sim.metrics (completed requests
+only, TPOT over n - 1 gaps, numpy's linear-interpolation percentiles, throughput over the
+makespan) on hand-built RequestOutputs. `run_closed_loop` drives a scripted engine whose clock
+advances by one per step, so "the next request is sent the moment the previous one finishes"
+is an exact equation: after every step, sent = min(num_requests, num_users + finished).
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from course_lib import EngineConfig, LLMEngine, SamplingParams
+from course_lib.engine import RequestOutput
+
+from .. import fixtures
+from .._checking import call, check, expect, fail, forbid_calls, same_float
+
+
+def _metrics_module():
+    import course_lib.sim.metrics as metrics
+
+    return [metrics]
+
+
+def _metrics_functions():
+    import course_lib.sim.metrics as metrics
+
+    return (metrics.summarize, metrics.percentiles)
+
+
+# ---------------------------------------------------------------------------------------------
+# latency_summary
+# ---------------------------------------------------------------------------------------------
+
+
+def _record(i, arrival, ttft, n_out, gap, reason="length", scheduled_delay=0.05):
+    first = None if ttft is None else arrival + ttft
+    finish = None if reason is None else (first if first is not None else arrival + 0.5) + gap * max(0, n_out - 1)
+    return RequestOutput(request_id=f"r{i}", prompt_token_ids=[3] * 5, token_ids=[4] * n_out, finished=reason is not None,
+                         finish_reason=reason, arrival_time=arrival, first_scheduled_time=arrival + scheduled_delay,
+                         first_token_time=first, finish_time=finish)
+
+
+def _summary_cases(rng: random.Random):
+    cases = []
+    # 1. A small hand-checkable run: 4 requests.
+    cases.append([_record(0, 0.0, 0.5, 3, 0.1), _record(1, 0.2, 1.0, 5, 0.2), _record(2, 0.4, 0.3, 2, 0.4),
+                  _record(3, 1.0, 2.0, 4, 0.05)])
+    # 2. A random run with one-token answers, a failed and an aborted request (they finish last).
+    run = []
+    for i in range(rng.randint(9, 14)):
+        run.append(_record(i, rng.uniform(0, 5), rng.uniform(0.05, 2.0), rng.choice([1, rng.randint(2, 30)]),
+                           rng.uniform(0.01, 0.2), rng.choice(["length", "eos", "stop"])))
+    run.append(_record(len(run), rng.uniform(0, 2), None, 0, 0.0, "error"))
+    run[-1].finish_time = 9.0
+    run.append(_record(len(run), rng.uniform(0, 2), rng.uniform(0.1, 1), 3, 0.1, "aborted"))
+    run[-1].finish_time = 8.0
+    rng.shuffle(run)
+    cases.append(run)
+    # 3. Only one-token answers: no TPOT at all.
+    cases.append([_record(i, rng.uniform(0, 1), rng.uniform(0.1, 1), 1, 0.0) for i in range(3)])
+    # 4. A single request.
+    cases.append([_record(0, 0.5, 0.25, 6, 0.125)])
+    return cases
+
+
+def _pct(values, method="linear"):
+    if not values:
+        return {"p50": None, "p99": None}
+    p50, p99 = np.percentile(np.asarray(values, dtype=float), [50, 99], method=method)
+    return {"p50": float(p50), "p99": float(p99)}
+
+
+def _summary(records, *, include_failed=False, tpot_div=lambda n: n - 1, ttft_from="arrival_time", method="linear"):
+    done = [r for r in records if r.finish_time is not None and (include_failed or r.finish_reason not in ("error", "aborted"))]
+    ttft = [r.first_token_time - getattr(r, ttft_from) for r in done if r.first_token_time is not None]
+    tpot = [(r.finish_time - r.first_token_time) / tpot_div(len(r.token_ids)) for r in done
+            if r.first_token_time is not None and len(r.token_ids) >= 2]
+    latency = [r.finish_time - r.arrival_time for r in done]
+    span = max(r.finish_time for r in records if r.finish_time is not None) - min(r.arrival_time for r in records)
+    tokens = sum(len(r.token_ids) for r in done)
+    return {"ttft": _pct(ttft, method), "tpot": _pct(tpot, method), "latency": _pct(latency, method),
+            "throughput_tok_s": tokens / span if span > 0 else 0.0}
+
+
+def _mismatch(got, want):
+    """The first (key, got, want) that differs, or None."""
+    for key in ("ttft", "tpot", "latency"):
+        for p in ("p50", "p99"):
+            g, w = got[key][p], want[key][p]
+            if (g is None) != (w is None) or (w is not None and not same_float(g, w)):
+                return f"{key}.{p}", g, w
+    if not same_float(got["throughput_tok_s"], want["throughput_tok_s"]):
+        return "throughput_tok_s", got["throughput_tok_s"], want["throughput_tok_s"]
+    return None
+
+
+def _summary_hint(records, got, key) -> str:
+    alternatives = {
+        "failed / aborted requests were included; latency statistics count completed requests only":
+            dict(include_failed=True),
+        "TPOT divided by the number of output tokens; the first token is the TTFT, so there are n - 1 gaps":
+            dict(tpot_div=lambda n: n),
+        "TTFT measured from first_scheduled_time; it starts at arrival_time (queueing counts)":
+            dict(ttft_from="first_scheduled_time"),
+        "nearest-rank percentiles; use linear interpolation between order statistics (numpy.percentile's default)":
+            dict(method="nearest"),
+        "a percentile that rounds down to an order statistic; interpolate linearly (numpy.percentile's default)":
+            dict(method="lower"),
+        "a percentile that rounds up to an order statistic; interpolate linearly (numpy.percentile's default)":
+            dict(method="higher"),
+    }
+    for reason, kwargs in alternatives.items():
+        alt = _summary(records, **kwargs)
+        if _mismatch(got, alt) is None:
+            return f" It looks like {reason}."
+    values = {"ttft": [r.first_token_time - r.arrival_time for r in records
+                       if r.first_token_time is not None and r.finish_reason not in ("error", "aborted")]}
+    if key.startswith("ttft") and len(values["ttft"]) > 2:
+        v = values["ttft"]
+        for q, p in ((0.5, "p50"), (0.99, "p99")):
+            idx = min(len(v) - 1, int(q * len(v)))
+            if p in key and same_float(got["ttft"][p], v[idx]) and v != sorted(v):
+                return " It looks like the values were not sorted before taking the percentile."
+    return ""
+
+
+@check("latency_summary", forbidden=_metrics_functions)
+def check_latency_summary(impl, seed, allow_reference):
+    with forbid_calls("latency_summary", _metrics_module(), enabled=not allow_reference):
+        for records in _summary_cases(random.Random(seed)):
+            shown = f"latency_summary(<{len(records)} RequestOutputs>)"
+            got = call(shown, impl, list(records))
+            want = _summary(records)
+            expect(isinstance(got, dict), f"{shown} must return a dict, got {type(got).__name__}")
+            for key in ("ttft", "tpot", "latency"):
+                expect(isinstance(got.get(key), dict) and "p50" in got[key] and "p99" in got[key],
+                       f"{shown}: result[{key!r}] must be a dict with keys 'p50' and 'p99', got {got.get(key)!r}")
+                for p in ("p50", "p99"):
+                    value = got[key][p]
+                    expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
+                           f"{shown}: result[{key!r}][{p!r}] must be a float (or None when there are no values), "
+                           f"got {type(value).__name__} {value!r}")
+            expect("throughput_tok_s" in got, f"{shown}: the result needs a 'throughput_tok_s' key")
+            diff = _mismatch(got, want)
+            if diff:
+                key, g, w = diff
+                extra = ""
+                if w is None:
+                    extra = " (no completed request has 2 or more output tokens: there is no TPOT, so report None)"
+                fail(f"{shown}: {key} = {g!r}, expected {w!r}{extra}.{_summary_hint(records, got, key)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# run_closed_loop
+# ---------------------------------------------------------------------------------------------
+
+
+def _make_prompt(vocab):
+    def make_prompt(rng):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 10))]
+        return prompt, SamplingParams(max_tokens=rng.randint(1, 9))
+
+    return make_prompt
+
+
+def _closed_loop_case(impl, num_users, num_requests, seed):
+    mc = fixtures.scripted_model_config()
+    engines, prompts_made = [], []
+    inner = _make_prompt(mc.vocab_size)
+
+    def make_engine():
+        engine = LLMEngine(mc, EngineConfig(page_size=4, num_pages=400, max_num_seqs=num_users + 2,
+                                            max_num_batched_tokens=512, admission="none"), clock=fixtures.StepClock())
+        engines.append(engine)
+        return engine
+
+    def make_prompt(rng):
+        expect(isinstance(rng, random.Random), f"make_prompt must be called with rng = random.Random(seed), got "
+                                               f"{type(rng).__name__}")
+        result = inner(rng)
+        prompts_made.append(result)
+        return result
+
+    shown = f"run_closed_loop(make_engine, num_users={num_users}, num_requests={num_requests}, make_prompt, seed={seed})"
+    results = call(shown, impl, make_engine, num_users, num_requests, make_prompt, seed)
+    expect(len(engines) == 1, f"{shown} called make_engine() {len(engines)} times: build one engine and serve every "
+                              "request on it")
+    engine = engines[0]
+    expect(len(prompts_made) == num_requests,
+           f"{shown} called make_prompt {len(prompts_made)} times: it must send exactly num_requests={num_requests} requests")
+    rng = random.Random(seed)
+    expected = [inner(rng) for _ in range(num_requests)]
+    sent = list(engine.requests.values())
+    expect(len(sent) == num_requests, f"{shown} added {len(sent)} requests to the engine, expected {num_requests}")
+    for k, (r, (prompt, params)) in enumerate(zip(sent, expected)):
+        if r.prompt_token_ids != prompt:
+            same = all(q.prompt_token_ids == sent[0].prompt_token_ids for q in sent)
+            fail(f"{shown}: request {k} has prompt {r.prompt_token_ids}, but the {k}-th make_prompt draw from "
+                 f"random.Random({seed}) is {prompt}: "
+                 + ("every request got the same prompt, so a new rng was created per request; "
+                    if same else "")
+                 + "create rng = random.Random(seed) ONCE and pass it to every make_prompt(rng) call, and send "
+                   "each prompt with the SamplingParams make_prompt returned")
+    unfinished = [r.request_id for r in sent if not r.is_finished]
+    expect(not unfinished, f"{shown} returned while requests {unfinished[:5]} were unfinished: run until all "
+                           f"{num_requests} are done")
+    # The closed loop, as an equation over the step clock.
+    arrivals = sorted(r.arrival_time for r in sent)
+    finishes = sorted(r.finish_time for r in sent)
+    for t in range(int(max(finishes)) + 1):
+        a = sum(1 for x in arrivals if x <= t)
+        f = sum(1 for x in finishes if x <= t)
+        want = min(num_requests, num_users + f)
+        if a == want:
+            continue
+        if t == 0 and a > num_users:
+            fail(f"{shown}: {a} requests were sent at the start, but only num_users={num_users} users exist and "
+                 "each waits for its answer before sending again (this is a closed loop, not all-at-once)")
+        if a > want:
+            fail(f"{shown}: at step {t}, {a} requests had been sent but only {f} had finished: more than "
+                 f"num_users={num_users} were outstanding")
+        fail(f"{shown}: after step {t}, {f} requests had finished but only {a} had been sent (expected {want}): "
+             "when a request finishes, its user sends the next one right away, before the engine's next step "
+             "(for every request that finished in that step)")
+    # The returned outputs.
+    expect(isinstance(results, (list, tuple)) and len(results) == num_requests,
+           f"{shown} must return a list of {num_requests} RequestOutputs, got {type(results).__name__}"
+           + (f" of length {len(results)}" if hasattr(results, "__len__") else ""))
+    for k, (out, (prompt, params)) in enumerate(zip(results, expected)):
+        expect(hasattr(out, "token_ids") and hasattr(out, "prompt_token_ids"),
+               f"{shown}: item {k} must be a RequestOutput (what engine.step() returns), got {type(out).__name__}")
+        if list(out.prompt_token_ids) != prompt:
+            fail(f"{shown}: item {k} of the result is not the {k}-th request sent (prompt {list(out.prompt_token_ids)} "
+                 f"instead of {prompt}): return the outputs in the order the requests were sent")
+        expect(out.finished and len(out.token_ids) == params.max_tokens,
+               f"{shown}: item {k} should be the finished output with {params.max_tokens} tokens, got "
+               f"finished={out.finished} with {len(out.token_ids)} tokens: keep the output from the step where it finished")
+
+
+@check("run_closed_loop")
+def check_run_closed_loop(impl, seed, allow_reference):
+    rng = random.Random(seed)
+    num_users = rng.randint(3, 5)
+    _closed_loop_case(impl, num_users, rng.randint(10, 16), seed)
+    _closed_loop_case(impl, 4, 3, seed + 1)  # fewer requests than users

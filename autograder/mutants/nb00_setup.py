@@ -1,0 +1,66 @@
+"""Realistic wrong answers for notebook 00 (setup). Self-contained: no autograder imports."""
+from course_lib import EngineConfig, LLMEngine, SamplingParams
+
+
+def kv_uses_num_heads(config, bytes_per_elem):
+    """Counts every query head: with GQA only the KV heads are cached."""
+    return 2 * config.num_layers * config.num_heads * config.head_dim * bytes_per_elem
+
+
+def kv_forgets_values(config, bytes_per_elem):
+    """Counts the keys only, not the values."""
+    return config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
+
+
+def kv_forgets_layers(config, bytes_per_elem):
+    """One layer's worth of cache."""
+    return 2 * config.num_kv_heads * config.head_dim * bytes_per_elem
+
+
+def kv_uses_hidden_size(config, bytes_per_elem):
+    """hidden_size instead of num_kv_heads * head_dim."""
+    return 2 * config.num_layers * config.hidden_size * bytes_per_elem
+
+
+def kv_returns_float(config, bytes_per_elem):
+    """Right number, but a float (computed through a division)."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem / 1
+
+
+def answer_without_prompt_format(model, tokenizer, prompt, max_tokens=64):
+    """Encodes the bare text: no <bos>, no separator."""
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode(prompt)], SamplingParams(max_tokens=max_tokens))
+    return tokenizer.decode(out.token_ids)
+
+
+def answer_echoes_prompt(model, tokenizer, prompt, max_tokens=64):
+    """Decodes the prompt together with the answer."""
+    ids = tokenizer.encode_prompt(prompt)
+    (out,) = LLMEngine(model, EngineConfig()).generate([ids], SamplingParams(max_tokens=max_tokens))
+    return tokenizer.decode(ids + out.token_ids)
+
+
+def answer_ignores_max_tokens(model, tokenizer, prompt, max_tokens=64):
+    """Uses SamplingParams' default max_tokens (16)."""
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(prompt)], SamplingParams())
+    return tokenizer.decode(out.token_ids)
+
+
+def answer_skips_engine(model, tokenizer, prompt, max_tokens=64):
+    """Calls model.generate directly instead of serving through the engine."""
+    return tokenizer.decode(model.generate(tokenizer.encode_prompt(prompt), max_tokens))
+
+
+def answer_returns_ids(model, tokenizer, prompt, max_tokens=64):
+    """Returns the token ids instead of the text."""
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(prompt)],
+                                                        SamplingParams(max_tokens=max_tokens))
+    return out.token_ids
+
+
+MUTANTS = {
+    "kv_bytes_per_token": [kv_uses_num_heads, kv_forgets_values, kv_forgets_layers, kv_uses_hidden_size,
+                           kv_returns_float],
+    "answer": [answer_without_prompt_format, answer_echoes_prompt, answer_ignores_max_tokens, answer_skips_engine,
+               answer_returns_ids],
+}

@@ -1,0 +1,201 @@
+"""Realistic wrong answers for notebook 02 (continuous batching). Self-contained: no autograder imports."""
+from course_lib.scheduler.base import SchedulerBase
+from course_lib.scheduler.output import ScheduledRequest, SchedulerOutput
+
+
+class _Scheduler(SchedulerBase):
+    """A correct turnstile; each mutant below breaks one rule of it."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        budget = self._serve_running(out, self.max_num_batched_tokens)
+        self._admit_waiting(out, budget)
+        return out
+
+    def _serve_running(self, out, budget):
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = self._chunk(request.num_pending_tokens, budget)
+            if n == 0:
+                break
+            if not self._room(request, n, out):
+                break
+            self.kv.allocate(request, n)
+            out.scheduled.append(self._entry(request, n))
+            budget = max(0, budget - n)
+            i += 1
+        return budget
+
+    def _room(self, request, n, out):
+        return self._make_room(request, n, out)
+
+    def _admit_waiting(self, out, budget):
+        while self._may_admit(out, budget):
+            request = self.waiting[0]
+            cached = self.kv.lookup_prefix(request)
+            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
+            if n == 0 or not self.kv.can_allocate(request, n, cached):
+                break
+            if not self._policy_allows(request, n, cached):
+                break
+            self.waiting.popleft()
+            self._admit(request, n, cached)
+            out.scheduled.append(self._entry(request, n))
+            budget = max(0, budget - n)
+            if self._one_per_step():
+                break
+        return budget
+
+    def _may_admit(self, out, budget):
+        return self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0
+
+    def _policy_allows(self, request, n, cached):
+        return self.admission.can_admit(request, n, cached, self.kv, self.running)
+
+    def _one_per_step(self):
+        return False
+
+    def _chunk(self, pending, budget):
+        if self.enable_chunked_prefill:
+            return min(pending, budget)
+        if pending <= budget or budget == self.max_num_batched_tokens:
+            return pending
+        return 0
+
+    @staticmethod
+    def _entry(request, n):
+        start = request.num_computed_tokens
+        return ScheduledRequest(request.request_id, n, start, start + n == request.num_tokens)
+
+    def finish(self, request):
+        self.running.remove(request)
+        self.kv.free(request)
+        return [request]
+
+
+class NeverRetires(_Scheduler):
+    """finish() delivers the request but leaves it in self.running, holding its seat and pages."""
+
+    def finish(self, request):
+        return [request]
+
+
+class LeaksPages(_Scheduler):
+    """finish() frees the seat but not the request's KV pages."""
+
+    def finish(self, request):
+        self.running.remove(request)
+        return [request]
+
+
+class WaitsForEmptyBatch(_Scheduler):
+    """Admits only when nobody is running: a static batch in disguise."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        busy = any(r.finish_reason is None for r in self.running)
+        budget = self._serve_running(out, self.max_num_batched_tokens)
+        if not busy:
+            self._admit_waiting(out, budget)
+        return out
+
+
+class OneAdmissionPerStep(_Scheduler):
+    """Fills at most one free seat per step (an `if` where a `while` belongs)."""
+
+    def _one_per_step(self):
+        return True
+
+
+class IgnoresTokenBudget(_Scheduler):
+    """Schedules every pending token, however many: no chunking, no budget."""
+
+    def _chunk(self, pending, budget):
+        return pending
+
+
+class NoPreemption(_Scheduler):
+    """Allocates without making room: runs into OutOfPages when the pool is full."""
+
+    def _room(self, request, n, out):
+        return True
+
+
+class AdmitsBeforeRunning(_Scheduler):
+    """Fills the queue's requests first; running requests get whatever budget is left."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        old = list(self.running)
+        budget = self._admit_waiting(out, self.max_num_batched_tokens)
+        new = [r for r in self.running if r not in old]
+        self.running = old  # serve only the requests that were running before
+        budget = self._serve_running(out, budget)
+        self.running += [r for r in new if r not in self.running]
+        return out
+
+
+class IgnoresAdmissionPolicy(_Scheduler):
+    """Never asks self.admission.can_admit."""
+
+    def _policy_allows(self, request, n, cached):
+        return True
+
+
+class AlwaysChunks(_Scheduler):
+    """Chunks prompts even when enable_chunked_prefill is False."""
+
+    def _chunk(self, pending, budget):
+        return min(pending, budget)
+
+
+def occupancy_unweighted(step_stats, max_num_seqs):
+    """Averages over steps without weighting by their durations."""
+    if not step_stats:
+        return 0.0
+    return sum(s.num_running for s in step_stats) / (max_num_seqs * len(step_stats))
+
+
+def occupancy_not_a_fraction(step_stats, max_num_seqs):
+    """The time-weighted mean number of running requests, not divided by the seats."""
+    if not step_stats:
+        return 0.0
+    w = [max(0.0, s.end_time - s.start_time) for s in step_stats]
+    if sum(w) == 0:
+        w = [1.0] * len(step_stats)
+    return sum(wi * s.num_running for wi, s in zip(w, step_stats)) / sum(w)
+
+
+def occupancy_counts_waiting(step_stats, max_num_seqs):
+    """Counts waiting requests as if they held seats."""
+    if not step_stats:
+        return 0.0
+    w = [max(0.0, s.end_time - s.start_time) for s in step_stats]
+    if sum(w) == 0:
+        w = [1.0] * len(step_stats)
+    return sum(wi * (s.num_running + s.num_waiting) for wi, s in zip(w, step_stats)) / (max_num_seqs * sum(w))
+
+
+def occupancy_no_fallback(step_stats, max_num_seqs):
+    """Divides by the total duration even when it is 0 (untimed steps)."""
+    if not step_stats:
+        return 0.0
+    w = [s.end_time - s.start_time for s in step_stats]
+    return sum(wi * s.num_running for wi, s in zip(w, step_stats)) / (max_num_seqs * sum(w))
+
+
+def occupancy_empty_crashes(step_stats, max_num_seqs):
+    """Correct, except for a run without steps."""
+    w = [max(0.0, s.end_time - s.start_time) for s in step_stats]
+    if sum(w) == 0:
+        w = [1.0] * len(step_stats)
+    return sum(wi * s.num_running for wi, s in zip(w, step_stats)) / (max_num_seqs * sum(w))
+
+
+MUTANTS = {
+    "StudentScheduler": [NeverRetires, LeaksPages, WaitsForEmptyBatch, OneAdmissionPerStep, IgnoresTokenBudget,
+                         NoPreemption, AdmitsBeforeRunning, IgnoresAdmissionPolicy, AlwaysChunks],
+    "mean_batch_occupancy": [occupancy_unweighted, occupancy_not_a_fraction, occupancy_counts_waiting,
+                             occupancy_no_fallback, occupancy_empty_crashes],
+}

@@ -1,0 +1,179 @@
+"""Realistic wrong answers for notebook 06 (prefix caching). Self-contained: no autograder imports."""
+
+ROOT = 0
+
+
+def keys_not_chained(token_ids, page_size):
+    """Hashes each page on its own: equal pages after different prefixes get equal keys."""
+    return [hash(tuple(token_ids[i * page_size:(i + 1) * page_size])) for i in range(len(token_ids) // page_size)]
+
+
+def keys_include_partial_page(token_ids, page_size):
+    """Also keys the last, partly filled page."""
+    keys, parent = [], 0
+    for i in range(-(-len(token_ids) // page_size)):
+        parent = hash((parent, tuple(token_ids[i * page_size:(i + 1) * page_size])))
+        keys.append(parent)
+    return keys
+
+
+def keys_drop_last_full_page(token_ids, page_size):
+    """Off by one: the last full page gets no key."""
+    keys, parent = [], 0
+    for i in range(max(0, len(token_ids) // page_size - 1)):
+        parent = hash((parent, tuple(token_ids[i * page_size:(i + 1) * page_size])))
+        keys.append(parent)
+    return keys
+
+
+def keys_chained_on_position(token_ids, page_size):
+    """Mixes in the page's index instead of the previous key."""
+    return [hash((i, tuple(token_ids[i * page_size:(i + 1) * page_size]))) for i in range(len(token_ids) // page_size)]
+
+
+def keys_start_from_none(token_ids, page_size):
+    """Chains from None instead of 0."""
+    keys, parent = [], None
+    for i in range(len(token_ids) // page_size):
+        parent = hash((parent, tuple(token_ids[i * page_size:(i + 1) * page_size])))
+        keys.append(parent)
+    return keys
+
+
+class _Cache:
+    """A correct prefix cache; each mutant below breaks one rule of it."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.key_to_page = {}
+        self.entries = {}  # page -> (key, serial, parent, tokens)
+        self._next = ROOT + 1
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+        self._install(pool)
+
+    def _install(self, pool):
+        pool.is_cached = self.is_cached
+        pool.on_evict = self.evict
+
+    @property
+    def hit_rate(self):
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    def is_cached(self, page):
+        return page in self.entries
+
+    def evict(self, page):
+        key = self.entries.pop(page)[0]
+        if self.key_to_page.get(key) == page:
+            del self.key_to_page[key]
+
+    def _confirm(self, entry, parent, tokens):
+        return entry[2] == parent and entry[3] == tokens
+
+    def _stop_on_miss(self):
+        return True
+
+    def _limit(self, max_pages, token_ids):
+        return max_pages
+
+    def lookup(self, token_ids, max_pages):
+        ps = self.pool.page_size
+        pages, parent = [], ROOT
+        for i in range(self._limit(max_pages, token_ids)):
+            tokens = tuple(token_ids[i * ps:(i + 1) * ps])
+            page = self.key_to_page.get(hash((parent, tokens)))
+            entry = self.entries.get(page) if page is not None else None
+            if entry is None or not self._confirm(entry, parent, tokens):
+                if self._stop_on_miss():
+                    break
+                continue
+            pages.append(page)
+            parent = entry[1]
+        return pages, self._result_serial(parent, pages)
+
+    def _result_serial(self, parent, pages):
+        return parent
+
+    def register(self, page, parent_serial, tokens):
+        tokens = tuple(tokens)
+        key = hash((parent_serial, tokens))
+        existing = self.key_to_page.get(key)
+        if existing is not None:
+            _, serial, parent, old = self.entries[existing]
+            if parent == parent_serial and old == tokens:
+                return serial
+            return self._new()
+        serial = self._new()
+        self.key_to_page[key] = page
+        self.entries[page] = (key, serial, parent_serial, tokens)
+        return serial
+
+    def _new(self):
+        self._next += 1
+        return self._next - 1
+
+
+class TrustsTheHash(_Cache):
+    """Never confirms a hit: a hash collision returns another prompt's page."""
+
+    def _confirm(self, entry, parent, tokens):
+        return True
+
+
+class ConfirmsTokensOnly(_Cache):
+    """Confirms the tokens but not the parent: same tokens after a different prefix count as a hit."""
+
+    def _confirm(self, entry, parent, tokens):
+        return entry[3] == tokens
+
+
+class EvictDoesNothing(_Cache):
+    """evict() forgets nothing: a reused page stays 'cached' with its old key and tokens."""
+
+    def evict(self, page):
+        pass
+
+
+class HooksNotInstalled(_Cache):
+    """Never installs is_cached / on_evict on the pool, so it is never told about evictions."""
+
+    def _install(self, pool):
+        pass
+
+
+class LookupSkipsMisses(_Cache):
+    """Keeps walking after a miss, so later pages of a different prefix can 'hit'."""
+
+    def _stop_on_miss(self):
+        return False
+
+
+class LookupIgnoresMaxPages(_Cache):
+    """Walks every full page of the prompt, ignoring max_pages."""
+
+    def _limit(self, max_pages, token_ids):
+        return len(token_ids) // self.pool.page_size
+
+
+class LookupReturnsRootSerial(_Cache):
+    """Returns ROOT as the serial even after hits: the request's next pages chain from the wrong parent."""
+
+    def _result_serial(self, parent, pages):
+        return ROOT
+
+
+class HitRateIntegerDivision(_Cache):
+    """hit_rate with integer division: always 0 (or 1)."""
+
+    @property
+    def hit_rate(self):
+        return self.hit_tokens // self.queried_tokens if self.queried_tokens else 0
+
+
+MUTANTS = {
+    "page_keys": [keys_not_chained, keys_include_partial_page, keys_drop_last_full_page, keys_chained_on_position,
+                  keys_start_from_none],
+    "StudentPrefixCache": [TrustsTheHash, ConfirmsTokensOnly, EvictDoesNothing, HooksNotInstalled, LookupSkipsMisses,
+                           LookupIgnoresMaxPages, LookupReturnsRootSerial, HitRateIntegerDivision],
+}
