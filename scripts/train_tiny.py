@@ -187,7 +187,8 @@ def main(argv=None) -> None:
     cfg.save(args.out / "config.json")
     tok.save(args.out / "tokenizer.json")
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt", "seed": str(args.seed)})
+    save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
+    (args.out / "model.safetensors").chmod(0o644)  # safetensors writes it owner-only
     size_mb = (args.out / "model.safetensors").stat().st_size / 1e6
     print(f"trained {args.steps} steps in {train_s:.0f} s ({train_s / 60:.1f} min); wrote {args.out} ({size_mb:.2f} MB weights)")
 

@@ -87,19 +87,28 @@ def _task_sort(rng):
     return f"sort: {d}", "".join(sorted(d))
 
 
-def _task_spell(rng):
-    n = rng.randint(*SPELL_RANGE)
+def _spell(n):
     return f"spell: {n}", spell_number(n)
 
 
-def _task_repeat(rng):
-    c, n = rng.choice(LETTERS), rng.randint(*REPEAT_TIMES)
+def _repeat(c, n):
     return f"repeat: {c} {n}", c * n
 
 
-def _task_countdown(rng):
-    n = rng.randint(*COUNTDOWN_FROM)
+def _countdown(n):
     return f"countdown: {n}", " ".join(str(i) for i in range(n, -1, -1))
+
+
+def _task_spell(rng):
+    return _spell(rng.randint(*SPELL_RANGE))
+
+
+def _task_repeat(rng):
+    return _repeat(rng.choice(LETTERS), rng.randint(*REPEAT_TIMES))
+
+
+def _task_countdown(rng):
+    return _countdown(rng.randint(*COUNTDOWN_FROM))
 
 
 _TASKS = {
@@ -109,6 +118,13 @@ _TASKS = {
     "spell": _task_spell,
     "repeat": _task_repeat,
     "countdown": _task_countdown,
+}
+
+# Kinds with few enough prompts to list them all (the others are sampled).
+_ALL_PROMPTS = {
+    "spell": lambda: [_spell(n) for n in range(SPELL_RANGE[0], SPELL_RANGE[1] + 1)],
+    "repeat": lambda: [_repeat(c, n) for c in LETTERS for n in range(REPEAT_TIMES[0], REPEAT_TIMES[1] + 1)],
+    "countdown": lambda: [_countdown(n) for n in range(COUNTDOWN_FROM[0], COUNTDOWN_FROM[1] + 1)],
 }
 
 
@@ -148,11 +164,17 @@ def task_kind(prompt: str) -> str:
 
 
 def heldout_set(n_per_task: int, seed: int, kinds: Sequence[str] = TASK_KINDS) -> list[tuple[str, str, str]]:
-    """`n_per_task` distinct held-out (kind, prompt, answer) per kind, reproducible from `seed`
-    (fewer where the kind has fewer: countdown has 43 prompts in all)."""
+    """`n_per_task` distinct held-out (kind, prompt, answer) per kind, reproducible from `seed`;
+    fewer where a kind has fewer: spell has 93 held-out numbers, repeat 53 held-out prompts,
+    countdown 43 prompts in all (none held out)."""
     rng = random.Random(f"heldout-{seed}")
     out = []
     for kind in kinds:
+        if kind in _ALL_PROMPTS:
+            pool = [(p, a) for p, a in _ALL_PROMPTS[kind]() if kind in NOT_HELD_OUT_KINDS or is_held_out(p)]
+            rng.shuffle(pool)
+            out += [(kind, p, a) for p, a in pool[:n_per_task]]
+            continue
         seen: dict[str, str] = {}
         for _ in range(200 * n_per_task):
             if len(seen) == n_per_task:
