@@ -8,7 +8,7 @@ For every assignment folder `solutions/<assignment>/` this runs nbgrader's gener
 checksums), equivalent to `nbgrader generate_assignment <assignment> --force --no-db` with the
 course directory configured by this script (no nbgrader_config.py involved):
 
-    root = a temporary copy of the repository's solutions/   (no gradebook.db ever lands in the repo)
+    root = a temporary directory holding a copy of solutions/   (no gradebook.db lands in the repo)
     source_directory = "solutions", release_directory = "notebooks"
 
 and then normalises what nbgrader wrote: no outputs, no execution counts, no widget state, a
@@ -18,7 +18,7 @@ are copied by nbgrader as they are.
 The sources are normalised the same way, in place (an instructor who saved a notebook with its
 outputs and widget state just reruns this script). `--check` changes nothing: it fails if a source
 is not normalised, or if regenerating would change anything under notebooks/ (a file that differs,
-is missing, or should not be there). CI runs `--check`.
+is missing, or should not be there); tests/test_notebooks.py runs it.
 """
 from __future__ import annotations
 

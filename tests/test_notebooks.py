@@ -191,6 +191,32 @@ def test_generated_notebooks_are_up_to_date():
     assert not (ROOT / "gradebook.db").exists(), "generating notebooks must not leave a gradebook.db in the repo"
 
 
+def test_generator_cleans_a_saved_notebook_and_check_catches_it(tmp_path):
+    """An instructor saves a solution with outputs and widget state: --check fails, a plain run
+    cleans the source and regenerates, and --check passes again."""
+    import shutil
+
+    for folder in ("solutions", "notebooks"):
+        shutil.copytree(ROOT / folder / "00_setup", tmp_path / folder / "00_setup")
+    source = tmp_path / "solutions" / "00_setup" / "00_setup.ipynb"
+    nb = read(source)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
+    code.execution_count = 3
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    nbformat.write(nb, source)
+    script = [sys.executable, str(ROOT / "scripts" / "generate_notebooks.py"), "--root", str(tmp_path),
+              "--assignment", "00_setup"]
+    dirty = subprocess.run(script + ["--check"], capture_output=True, text=True)
+    assert dirty.returncode == 1 and "not normalised" in dirty.stdout, dirty.stdout + dirty.stderr
+    fixed = subprocess.run(script, capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    cleaned = read(source)
+    assert "widgets" not in cleaned.metadata and not next(c for c in cleaned.cells if c.cell_type == "code").outputs
+    assert subprocess.run(script + ["--check"], capture_output=True, text=True).returncode == 0
+    assert not (tmp_path / "gradebook.db").exists()
+
+
 # ----------------------------------------------------------------------------------- a new student
 def _student_runs():
     """COURSE_STUDENT_NOTEBOOKS: "all", "default", or a comma-separated list of assignments.
