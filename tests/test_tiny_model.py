@@ -27,7 +27,6 @@ MIN_OVERALL = 0.96
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     return load_tiny()
 
 

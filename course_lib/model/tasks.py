@@ -25,8 +25,6 @@ import random
 import zlib
 from collections.abc import Sequence
 
-import torch
-
 TASK_KINDS = ("max", "reverse", "sort", "spell", "repeat", "countdown")
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -199,29 +197,6 @@ def answer_length_stats(examples: Sequence[tuple[str, str, str]]) -> dict[str, d
 
 
 # ---------------------------------------------------------------------- evaluation
-@torch.inference_mode()
-def greedy_generate_batch(model, prompts: list[list[int]], max_tokens: int, stop_token_ids: Sequence[int]) -> list[list[int]]:
-    """`model.generate` for many prompts at once: the same greedy argmax over `dense_logits`
-    (no cache, every step recomputes every sequence), with finished sequences dropped."""
-    stop = set(stop_token_ids)
-    seqs = [list(p) for p in prompts]
-    outs: list[list[int]] = [[] for _ in prompts]
-    active = list(range(len(prompts)))
-    for _ in range(max_tokens):
-        if not active:
-            break
-        logits = model.dense_logits([seqs[i] for i in active])
-        still = []
-        for i, lg in zip(active, logits):
-            tok = int(lg[-1].argmax())
-            outs[i].append(tok)
-            seqs[i].append(tok)
-            if tok not in stop:
-                still.append(i)
-        active = still
-    return outs
-
-
 def evaluate(
     model,
     tokenizer,
