@@ -4,7 +4,6 @@
 # its test, notebook and Hugging Face extras. Safe to run again.
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
-"$PYTHON" -m pip install --quiet --upgrade pip
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
