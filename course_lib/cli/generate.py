@@ -6,7 +6,7 @@ import argparse
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib generate", description=__doc__)
-    parser.add_argument("--prompt", required=True, help='e.g. "reverse: serving"')
+    parser.add_argument("--prompt", required=True, help='e.g. "reverse: 58213" or "countdown: 12"')
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=None)
