@@ -1,10 +1,16 @@
 """Shared fixtures: small float64 models whose outputs every engine configuration must reproduce."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter, which must be switched on before
+# anything imports triton: building a transformers model does, and test_hf_parity runs first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from course_lib.model.config import ModelConfig
 from course_lib.model.transformer import Transformer

@@ -269,3 +269,28 @@ def test_kernels_compile_for_hopper():
     if result.returncode and "ptxas" in result.stderr and "not found" in result.stderr:
         pytest.skip("this Triton build cannot assemble for sm_90 here")
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]
+
+
+_IMPORTED_TOO_EARLY = textwrap.dedent("""
+    import os
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton.language  # what building a transformers model does, before the variable is set
+    import torch
+    from course_lib.attention.triton_decode import paged_decode_triton
+    q = torch.zeros(1, 2, 16)
+    cache = torch.zeros(2, 4, 1, 16)
+    try:
+        paged_decode_triton(q, cache, cache, torch.zeros(1, 2, dtype=torch.int32),
+                            torch.ones(1, dtype=torch.int32), 0.25)
+    except RuntimeError as e:
+        print("ERROR:", e)
+""")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="on a GPU both builds agree: nothing to mix up")
+def test_triton_imported_before_the_interpreter_switch_is_a_clear_error():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", _IMPORTED_TOO_EARLY], capture_output=True, text=True,
+                            env=env, cwd=root, timeout=300)
+    assert "ERROR: Triton was imported before TRITON_INTERPRET was set" in result.stdout, result.stderr[-3000:]

@@ -212,12 +212,28 @@ def interpreting() -> bool:
     return not isinstance(_decode_split_kernel, triton.runtime.JITFunction)
 
 
+def _check_triton_mode() -> None:
+    """Triton's own helpers (`tl.zeros`, `tl.sum`, ...) are `@triton.jit` functions too, decorated
+    when `triton` is first imported. If something imported Triton before TRITON_INTERPRET was set
+    (building a `transformers` model does), they were built for the GPU while these kernels were
+    built for the interpreter, and Triton fails deep inside with "Cannot call @triton.jit'd outside
+    of the scope of a kernel". Say what happened and how to fix it instead."""
+    stdlib_interpreted = not isinstance(tl.zeros, triton.runtime.JITFunction)
+    if stdlib_interpreted != interpreting():
+        raise RuntimeError(
+            "Triton was imported before TRITON_INTERPRET was set (importing or building a transformers "
+            "model imports it), so Triton's library and these kernels disagree about running in the "
+            "interpreter. Set TRITON_INTERPRET=1 (no GPU) before anything imports triton, e.g. "
+            "`import course_lib.attention.triton_decode` first, or use backend='torch'.")
+
+
 def _pow2_at_least(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(int(n)))
 
 
 def check_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
     """Shared by decode and prefill: clear errors instead of a wrong answer or a crash in the kernel."""
+    _check_triton_mode()
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"triton attention supports dtypes {SUPPORTED_DTYPES}, got q.dtype={q.dtype} "
                          "(use backend='torch' for float64)")
