@@ -73,12 +73,19 @@ class RequestOutput:
 
     @classmethod
     def of(cls, r: Request, new_token_ids=()) -> "RequestOutput":
-        return cls(
-            r.request_id, r.prompt_token_ids, r.output_token_ids, r.is_finished,
-            r.finish_reason.value if r.finish_reason and r.is_finished else None, r.error,
-            r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finish_time,
-            r.num_preemptions, r.num_cached_tokens, new_token_ids,
-        )
+        # The engine builds one per changed request per step (256 a step at 256 running), so this
+        # skips __init__'s keyword handling and sets the slots directly.
+        o = cls.__new__(cls)
+        o.request_id, o.prompt_token_ids, o.error = r.request_id, r.prompt_token_ids, r.error
+        o._tokens = r.output_token_ids
+        o._num_tokens = len(o._tokens)
+        o.finished = finished = r.status is RequestStatus.FINISHED
+        o.finish_reason = r.finish_reason.value if finished and r.finish_reason else None
+        o.arrival_time, o.first_scheduled_time = r.arrival_time, r.first_scheduled_time
+        o.first_token_time, o.finish_time = r.first_token_time, r.finish_time
+        o.num_preemptions, o.num_cached_tokens = r.num_preemptions, r.num_cached_tokens
+        o.new_token_ids = new_token_ids if type(new_token_ids) is list else list(new_token_ids)
+        return o
 
 
 class _PerfClock:
@@ -253,7 +260,8 @@ class LLMEngine:
             return FinishReason.STOP
         if token in self._stop_ids and not p.ignore_eos:
             return FinishReason.EOS
-        if r.num_output_tokens >= p.max_tokens or r.num_tokens >= self.max_model_len:
+        num_output = len(r.output_token_ids)  # (not the properties: this runs for every token)
+        if num_output >= p.max_tokens or len(r.prompt_token_ids) + num_output >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 
@@ -264,13 +272,15 @@ class LLMEngine:
 
     def _stats(self, out, start: float) -> StepStats:
         prefill = decode = read = pairs = 0
+        requests = self.requests
         for s in out.scheduled:
-            if s.num_new_tokens == 1 and s.start >= self.requests[s.request_id].num_prompt_tokens:
+            n, first = s.num_new_tokens, s.start
+            if n == 1 and first >= len(requests[s.request_id].prompt_token_ids):
                 decode += 1
             else:
-                prefill += s.num_new_tokens
-            read += s.start + s.num_new_tokens
-            pairs += s.num_new_tokens * s.start + s.num_new_tokens * (s.num_new_tokens + 1) // 2
+                prefill += n
+            read += first + n
+            pairs += n * first + n * (n + 1) // 2
         owners = None
         if self.config.record_page_owners:
             owners = [None] * self.pool.num_pages

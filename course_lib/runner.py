@@ -12,34 +12,68 @@ import math
 import torch
 
 from .attention import default_backend, paged_decode, paged_prefill, write_kv
+from .attention.torch_paged import paged_decode_torch, paged_prefill_torch, plan_decode, plan_prefill
 from .sampler import sample
 from .scheduler.output import SchedulerOutput
 
 
 class PagedAttend:
     """The model's `attend` for one step: store the new K/V, then attend over the pages.
-    Decode rows come first in the batch and may use a different (e.g. a student's) function."""
+    Decode rows come first in the batch and may use a different (e.g. a student's) function.
+
+    Everything that depends only on the step, not the layer, is done once: the decode / prefill
+    slices of the metadata, and, for backends that offer it (`fn.make_plan`), the plan of which
+    slots each query reads."""
 
     def __init__(self, k_caches, v_caches, meta: dict, decode_fn, prefill_fn, scale: float):
         self.k_caches, self.v_caches = k_caches, v_caches
-        self.meta, self.decode_fn, self.prefill_fn, self.scale = meta, decode_fn, prefill_fn, scale
+        self.slot_mapping, self.scale = meta["slot_mapping"], scale
+        d, bt, lens = meta["num_decodes"], meta["block_tables"], meta["seq_lens"]
+        self.num_decodes, self.all_decodes = d, d == len(lens)
+        self.decode = _PlannedCall(decode_fn, (bt[:d], lens[:d]), scale)
+        self.prefill = _PlannedCall(prefill_fn, (bt[d:], meta["query_start_loc"][d:] - d, lens[d:]), scale)
 
     def __call__(self, layer, q, k, v):
-        m, kc, vc = self.meta, self.k_caches[layer], self.v_caches[layer]
-        write_kv(kc, vc, k, v, m["slot_mapping"], may_skip=False)  # padding rows use the scratch page
-        d, bt, lens = m["num_decodes"], m["block_tables"], m["seq_lens"]
-        if d == len(lens):
-            return self.decode_fn(q, kc, vc, bt, lens, self.scale)
-        prefill = self.prefill_fn(q[d:], kc, vc, bt[d:], m["query_start_loc"][d:] - d, lens[d:], self.scale)
+        kc, vc, d = self.k_caches[layer], self.v_caches[layer], self.num_decodes
+        write_kv(kc, vc, k, v, self.slot_mapping, may_skip=False)  # padding rows use the scratch page
+        if self.all_decodes:
+            return self.decode(q, kc, vc)
         if d == 0:
-            return prefill
-        return torch.cat([self.decode_fn(q[:d], kc, vc, bt[:d], lens[:d], self.scale), prefill])
+            return self.prefill(q, kc, vc)
+        return torch.cat([self.decode(q[:d], kc, vc), self.prefill(q[d:], kc, vc)])
+
+
+class _PlannedCall:
+    """`fn(q, k_cache, v_cache, *args, scale)` for every layer of one step, with the backend's
+    per-step plan (if it has one) made at the first layer and reused by the others."""
+
+    def __init__(self, fn, args: tuple, scale: float):
+        self.fn, self.args, self.scale = fn, args, scale
+        self.make_plan = getattr(fn, "make_plan", None)
+        self.plan = None
+
+    def __call__(self, q, kc, vc):
+        if self.make_plan is None:
+            return self.fn(q, kc, vc, *self.args, self.scale)
+        if self.plan is None:
+            self.plan = self.make_plan(kc, *self.args)
+        return self.fn(q, kc, vc, *self.args, self.scale, plan=self.plan)
 
 
 def backend_functions(backend: str, device):
-    """(decode_fn, prefill_fn) with the paged_decode / paged_prefill signatures (minus `backend`)."""
+    """(decode_fn, prefill_fn) with the paged_decode / paged_prefill signatures (minus `backend`).
+    The torch backend's also take a per-step `plan=` and say how to make one (`make_plan`)."""
     if backend == "auto":
         backend = default_backend(device)
+    if backend == "torch":
+        def decode_fn(q, kc, vc, bt, lens, scale, plan=None):
+            return paged_decode_torch(q, kc, vc, bt, lens, scale, plan=plan)
+
+        def prefill_fn(q, kc, vc, bt, qsl, lens, scale, plan=None):
+            return paged_prefill_torch(q, kc, vc, bt, qsl, lens, scale, plan=plan)
+
+        decode_fn.make_plan, prefill_fn.make_plan = plan_decode, plan_prefill
+        return decode_fn, prefill_fn
 
     def decode_fn(q, kc, vc, bt, lens, scale):
         return paged_decode(q, kc, vc, bt, lens, scale, backend=backend)

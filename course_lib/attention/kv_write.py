@@ -14,5 +14,5 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping: torch.Tensor, may_skip: bool 
     if may_skip and bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
-    flat_k.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    flat_k.index_copy_(0, slot_mapping, k if k.dtype == k_cache.dtype else k.to(k_cache.dtype))
+    flat_v.index_copy_(0, slot_mapping, v if v.dtype == v_cache.dtype else v.to(v_cache.dtype))

@@ -451,6 +451,8 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
                     return fn(*args, **kwargs)
                 finally:
                     acc[key] += clock() - t
+            if hasattr(fn, "make_plan"):  # the backend's per-step plan is attention work too
+                wrapper.make_plan = timed(fn.make_plan, key)
             return wrapper
 
         orig_schedule, orig_execute = sched.schedule, run.execute  # bound methods

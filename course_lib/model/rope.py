@@ -38,17 +38,27 @@ def _llama3_scaled(inv_freq: torch.Tensor, cfg: dict) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos and sin of shape [num_tokens, head_dim] for the given absolute positions."""
+    """(cos, signed_sin), each [num_tokens, 1, head_dim] (broadcast over heads), for the given
+    absolute positions, ready for `apply_rope`. signed_sin is sin with its first half negated:
+    see `apply_rope`."""
     freqs = positions.float()[:, None] * inv_freq.float()[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = emb.sin()
+    sin[:, : freqs.shape[1]].neg_()
+    return emb.cos().to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The textbook form: (x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, head_dim]."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, num_heads, head_dim]; cos, signed_sin: [num_tokens, 1, head_dim] from `rope_cos_sin`.
+
+    Equals `x * cos + rotate_half(x) * sin` bit for bit (HF's formula): rolling x by half a head
+    swaps its halves, and the sign that rotate_half puts on x2 rides on sin instead, which is
+    exact in floating point. One roll replaces two slices, a negation and a concatenation: this
+    runs twice per layer per step, and at small batches the cost is the number of ops."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request_id: str
     num_new_tokens: int  # tokens to compute this step (1 for a decode, a chunk for prefill)
