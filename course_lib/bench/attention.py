@@ -7,7 +7,11 @@ in a random order (a fragmented pool). Backends:
 - **sdpa**: `F.scaled_dot_product_attention(..., enable_gqa=True)` on a *contiguous* copy of the
   same keys and values (`[batch, kv_heads, context, head_dim]`, K/V not repeated per query
   head): the speed paged attention is trying to match.
-- **torch**: `course_lib.attention` "torch" backend (vectorised gather through the block table).
+- **torch**: `course_lib.attention` "torch" backend (vectorised gather through the block table),
+  called the way the engine calls it: with the step's plan (which slots to gather, what to mask)
+  made once per step and shared by every layer, so it is not in the per-call time, just as
+  FlashInfer's `plan` is not. The plan's own time is the **torch_plan** column: a step pays it
+  once for all layers (32 of them in Llama-3-8B).
 - **triton**: the Triton kernel (split-KV chosen automatically). On the CPU it runs in the
   interpreter, so it is only measured when asked for (`--backends ... triton`).
 - **flashinfer** / **flash_attn**: when importable (FlashInfer reads our paged cache directly;
@@ -41,6 +45,7 @@ CPU_DEFAULTS = dict(batch=[1, 8], context=[128, 512], dtype="float32")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 ALL_BACKENDS = ("sdpa", "torch", "triton", "flashinfer", "flash_attn")
+NOT_ATTENTION = ("torch_plan",)  # timed alongside, but per step rather than per layer: no bandwidth
 
 
 def _csv_ints(text: str) -> list[int]:
@@ -126,7 +131,11 @@ def make_backends(inputs, names, device, context):
                 fns[name] = lambda q4=q4: F.scaled_dot_product_attention(
                     q4, inputs["k"], inputs["v"], scale=scale, enable_gqa=True)[:, :, 0]
             elif name == "torch":
-                fns[name] = lambda: paged_decode(q, k_cache, v_cache, bt, lens, scale, backend="torch")
+                from ..attention.torch_paged import paged_decode_torch, plan_decode
+
+                plan = plan_decode(k_cache, bt, lens)
+                fns[name] = lambda: paged_decode_torch(q, k_cache, v_cache, bt, lens, scale, plan=plan)
+                fns["torch_plan"] = lambda: plan_decode(k_cache, bt, lens)
             elif name == "triton":
                 from ..attention.triton_decode import paged_decode_triton
 
@@ -248,6 +257,8 @@ def _run_config(row, batch, context, args, dtype, names, copy_bw):
     expected = fns["sdpa"]().float() if "sdpa" in fns else None
     errors = {}
     for name, fn in list(fns.items()):
+        if name in NOT_ATTENTION:
+            continue
         try:
             out = fn()
             if expected is not None:
@@ -270,8 +281,8 @@ def _run_config(row, batch, context, args, dtype, names, copy_bw):
     row.update(
         bytes=nbytes,
         time_us={name: t * 1e6 for name, t in med.items()},
-        bandwidth_gbs={name: nbytes / t / 1e9 for name, t in med.items()},
-        bandwidth_frac_of_copy={name: nbytes / t / copy_bw for name, t in med.items()},
+        bandwidth_gbs={name: nbytes / t / 1e9 for name, t in med.items() if name not in NOT_ATTENTION},
+        bandwidth_frac_of_copy={name: nbytes / t / copy_bw for name, t in med.items() if name not in NOT_ATTENTION},
         ratio={f"{a}/{b}": ratio(a, b) for a, b in pairs if a in times and b in times},
         max_abs_err_vs_sdpa=errors,
         unavailable=unavailable,
@@ -289,7 +300,8 @@ def format_table(rows, names) -> str:
     (below 1: the first backend is faster)."""
     ratio_keys = [k for k in ("torch/sdpa", "triton/sdpa", "triton/torch", "triton/flashinfer", "triton/flash_attn")
                   if any(k in r.get("ratio", {}) for r in rows)]
-    header = (["batch", "context"] + [f"{n} us" for n in names] + [f"{n} %copy" for n in names if n != "sdpa"]
+    header = (["batch", "context"] + [f"{n} us" for n in names]
+              + [f"{n} %copy" for n in names if n != "sdpa" and n not in NOT_ATTENTION]
               + ["sdpa %copy"] + ratio_keys + (["splits"] if "triton" in names else []))
     lines = []
     for r in rows:
@@ -299,7 +311,7 @@ def format_table(rows, names) -> str:
         cells = [str(r["batch"]), str(r["context"])]
         cells += [f"{r['time_us'][n]:.1f}" if n in r["time_us"] else "-" for n in names]
         frac = r["bandwidth_frac_of_copy"]
-        cells += [f"{100 * frac[n]:.1f}%" if n in frac else "-" for n in names if n != "sdpa"]
+        cells += [f"{100 * frac[n]:.1f}%" if n in frac else "-" for n in names if n != "sdpa" and n not in NOT_ATTENTION]
         cells += [f"{100 * frac['sdpa']:.1f}%" if "sdpa" in frac else "-"]
         cells += [f"{r['ratio'][k]:.2f}" if k in r["ratio"] else "-" for k in ratio_keys]
         if "triton" in names:
@@ -352,7 +364,7 @@ def main(argv=None) -> int:
     rows = []
     for batch, context in tqdm(configs, desc="attention configs", file=sys.stderr):
         rows.append(run_config(batch, context, args, dtype, names, copy_bw))
-    ran = [n for n in names if any(n in r.get("time_us", {}) for r in rows)]
+    ran = [n for n in list(names) + list(NOT_ATTENTION) if any(n in r.get("time_us", {}) for r in rows)]
     title = (f"paged decode attention on {device_name(args.device)}, {str(dtype).replace('torch.', '')}, "
              f"{args.heads} query heads / {args.kv_heads} KV heads, head_dim {args.head_dim}, page {args.page_size}; "
              f"copy bandwidth {copy_bw / 1e9:.1f} GB/s")
