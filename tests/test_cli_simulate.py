@@ -130,7 +130,7 @@ def test_kv_tokens_error_names_the_limit(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--kv-tokens", "1000", "--no-progress"])
     err = capsys.readouterr().err
-    assert "--kv-tokens >= 1536" in err and "--max-tokens 512" in err
+    assert "--kv-tokens >= 2048" in err and "--max-tokens 1024" in err
 
 
 def test_subcommand_routing_and_help():

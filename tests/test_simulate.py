@@ -78,7 +78,9 @@ def test_nothing_is_lost_when_the_pool_overflows_and_preemption_is_off():
 @pytest.mark.parametrize("admission", ["watermark", "reserve"])
 def test_admission_control_fails_nothing(admission):
     config = make_engine_config(kv_tokens=1024, admission=admission, preemption="fail", max_num_seqs=64)
-    result = simulate(config, ClosedLoopUsers(24, 60, seed=0), progress=False)
+    # A cap of 512 keeps every worst case (prompt + max_tokens) inside this 1,024-token pool, so
+    # `reserve` can admit them all (a request whose worst case exceeds the pool is refused).
+    result = simulate(config, ClosedLoopUsers(24, 60, seed=0), max_tokens=512, progress=False)
     if admission == "reserve":  # reserve never preempts, so nothing can fail
         assert result.summary["requests_failed"] == 0
     _ended_properly(result, 60)

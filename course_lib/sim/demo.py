@@ -12,10 +12,10 @@ deterministic; they run side by side in `--jobs` forked processes.
 Setup choices (all printed, all flags):
 
 - KV pool 20,480 tokens: paged = 1,280 pages of 16 tokens; contiguous = 10 reservations of
-  max_model_len = 2,048 tokens each (the default workload's longest request is 1,024 + 512).
+  max_model_len = 2,048 tokens each (the default workload's longest request is 1,024 + 1,024).
 - 256 batch seats and a 2,048-token step budget with chunked prefill, so the KV pool, not the
   seat count, is what limits each configuration. Think time 0: every user always has a request
-  in flight. Per-request output cap (max_tokens) 512, the workload's longest output: the
+  in flight. Per-request output cap (max_tokens) 1,024, the workload's longest output: the
   scripted request stops at its own length; the cap is what a reservation has to plan for.
 """
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     tasks += [task(args.users, "continuous", "paged", "watermark", prefix=args.shared_prefix, caching=c)
               for c in prefix_keys]
     print(f"Setup: {args.users} closed-loop users (think time 0), {args.requests} requests, chat-like lengths "
-          f"(prompts median 64 / p99 400 tokens, outputs median 48 / p99 ~490), scripted runner,\n"
+          f"(prompts median 64 / p99 400 tokens, outputs median 128 / mean 200, up to 1024), scripted runner,\n"
           f"simulated {args.gpu} serving {args.model_shape} (roofline + 2 ms per step). Same KV memory for all: "
           f"{args.kv_tokens} tokens = {args.kv_tokens // args.page_size} pages of {args.page_size} (paged) or "
           f"{args.kv_tokens // args.max_model_len} reservations of max_model_len {args.max_model_len} (contiguous).\n"

@@ -115,11 +115,12 @@ class LengthDist:
 # Prompts: median 64 tokens, p99 400 -> sigma = ln(400/64)/2.326 = 0.788; mean ~ 87 tokens.
 #   Clipped to [4, 1024]: a prompt needs at least a few tokens, and 1024 keeps one prompt well
 #   inside the tiny model's context and any course-sized KV pool.
-# Outputs: median 48 tokens, sigma 1.0 -> p90 ~ 173, p99 ~ 491, mean ~ 79; clipped to [1, 512].
-#   The wider sigma (a longer tail than prompts) is what makes static batching hurt: one long
-#   answer holds the whole bus while the short ones sit finished.
+# Outputs: median 128 tokens, sigma 1.0 -> p90 ~ 460, mean ~ 200 (the chapter's "average response
+#   is 200 tokens"); clipped to [1, 1024] (about 2% hit the cap). The wider sigma (a longer tail
+#   than prompts) is what makes static batching hurt: one long answer holds the whole bus while
+#   the short ones sit finished.
 DEFAULT_PROMPT_DIST = LengthDist.heavy_tailed(median=64, p99=400, lo=4, hi=1024)
-DEFAULT_OUTPUT_DIST = LengthDist.lognormal(median=48, sigma=1.0, lo=1, hi=512)
+DEFAULT_OUTPUT_DIST = LengthDist.lognormal(median=128, sigma=1.0, lo=1, hi=1024)
 
 
 def _streams(seed: int, n: int) -> list[np.random.Generator]:
