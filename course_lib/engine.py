@@ -29,6 +29,7 @@ from .scheduler.output import StepStats
 from .scheduler.request import FinishReason, Request, RequestStatus
 from .scheduler.sampling import SamplingParams
 from .scheduler.static import StaticScheduler
+from .sim.clock import WallClock
 
 
 class RequestOutput:
@@ -88,22 +89,6 @@ class RequestOutput:
         return o
 
 
-class _PerfClock:
-    """Wall time since the engine started (the default clock; see course_lib.sim.clock for more)."""
-
-    def __init__(self):
-        import time
-
-        self._perf = time.perf_counter
-        self._start = self._perf()
-
-    def now(self) -> float:
-        return self._perf() - self._start
-
-    def charge(self, stats) -> float:
-        return stats.end_time - stats.start_time
-
-
 def _default_num_pages(config: EngineConfig, max_model_len: int) -> int:
     return max(1, -(-config.max_num_seqs * max_model_len // (2 * config.page_size)))
 
@@ -157,7 +142,7 @@ class LLMEngine:
             self.runner = ModelRunner(self.model, self.kv, self.k_caches, self.v_caches,
                                       scratch_page=self.pool.num_pages, attention=backend, seed=config.seed)
 
-        self.clock = clock if clock is not None else _PerfClock()
+        self.clock = clock if clock is not None else WallClock()
         self.requests: dict[str, Request] = {}
         self.step_stats: list[StepStats] = []
         self._ids = itertools.count()
@@ -225,34 +210,44 @@ class LLMEngine:
         self.clock.charge(stats)
         end = stats.end_time = self.clock.now()
 
-        changed: dict[str, list[int]] = {}
+        # Request id -> (request, tokens it produced this step). Written for speed: it runs for
+        # every running request every step.
+        changed: dict[str, tuple[Request, list[int]]] = {}
         for r in out.failed:
             self._deliver(r, FinishReason.ERROR, end)
-            changed[r.request_id] = []
+            changed[r.request_id] = (r, [])
+        requests, commit = self.requests, (self.kv.commit if self.prefix_cache is not None else None)
+        stop_ids, max_len = self._stop_ids, self.max_model_len
         for s in out.scheduled:
-            r = self.requests[s.request_id]
+            r = requests[s.request_id]
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
             r.num_computed_tokens += s.num_new_tokens
-            if self.prefix_cache is not None:
-                self.kv.commit(r)
+            if commit is not None:
+                commit(r)
             if not s.samples:
                 continue
             token = tokens[s.request_id]
-            r.output_token_ids.append(token)
-            changed[r.request_id] = [token]
+            output = r.output_token_ids
+            output.append(token)
+            changed[r.request_id] = (r, [token])
             if r.first_token_time is None:
                 r.first_token_time = end
-            reason = self._stop_reason(r, token)
-            if reason is not None:
-                r.finish_reason = reason
-                for done in self.scheduler.finish(r):
-                    self._deliver(done, done.finish_reason, end)
-                    changed.setdefault(done.request_id, [])
+            p = r.sampling_params
+            # Only a request that might stop pays for the full check.
+            if (token in stop_ids or p.stop_token_ids or len(output) >= p.max_tokens
+                    or len(r.prompt_token_ids) + len(output) >= max_len):
+                reason = self._stop_reason(r, token)
+                if reason is not None:
+                    r.finish_reason = reason
+                    for done in self.scheduler.finish(r):
+                        self._deliver(done, done.finish_reason, end)
+                        changed.setdefault(done.request_id, (done, []))
         stats.kv_used_slots = self.kv.used_slots()
         stats.kv_allocated_slots = self.kv.allocated_slots()
         self.step_stats.append(stats)
-        return [RequestOutput.of(self.requests[rid], new) for rid, new in changed.items()]
+        of = RequestOutput.of
+        return [of(r, new) for r, new in changed.values()]
 
     def _stop_reason(self, r: Request, token: int) -> FinishReason | None:
         p = r.sampling_params

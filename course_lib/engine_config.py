@@ -19,7 +19,6 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere), "torch", "reference", "triton"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    static_batch_wait_s: float = 0.0  # the bus waits this long for a full batch before leaving
     seed: int = 0  # for unseeded sampled requests
     record_page_owners: bool = False  # keep a page->request map per step (for the page-pool plot)
 

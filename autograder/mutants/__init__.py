@@ -10,16 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULES = [
-    "nb00_setup",
-    "nb01_static_batching",
-    "nb02_continuous_batching",
-    "nb03_paged_kv",
-    "nb04_paged_attention",
-    "nb05_hundred_users",
-    "nb06_prefix_caching",
-    "nb07_admission_control",
-]
+from autograder.notebooks import MODULES  # noqa: F401  (one module per notebook)
 
 # notebook module -> (exercise, mutant name) planted by the end-to-end test (one per notebook). Chosen
 # among exercises no other solution calls (a broken pad_batch would also break static_generate) and

@@ -5,13 +5,4 @@ and course_lib pieces the exercise is allowed to use (never the piece it asks th
 write), so a module's code can be pasted into a notebook as it is. The checks refuse code from
 this package unless called with `_allow_reference=True` (the tests do that).
 """
-MODULES = [
-    "nb00_setup",
-    "nb01_static_batching",
-    "nb02_continuous_batching",
-    "nb03_paged_kv",
-    "nb04_paged_attention",
-    "nb05_hundred_users",
-    "nb06_prefix_caching",
-    "nb07_admission_control",
-]
+from autograder.notebooks import MODULES  # noqa: F401  (one module per notebook)
