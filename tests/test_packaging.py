@@ -32,3 +32,12 @@ def test_ci_runs_the_readme_test_command():
 def test_torch_is_never_asked_for_with_a_bare_requirement_before_the_pinned_wheel():
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert setup.index('"torch==2.13.0"') < setup.index('-e ".[dev]"')
+
+
+def test_shell_scripts_parse():
+    """The scripts CI never runs end to end (gpu_check.sh needs a GPU) at least parse."""
+    import subprocess
+
+    for script in ("setup.sh", "gpu_check.sh"):
+        result = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script}: {result.stderr}"
