@@ -5,6 +5,8 @@
 #   3. `bench engine --profile` on the GPU: where a step's time goes when the forward is fast.
 # Uses the machine's own torch and triton (nothing is installed); results go to $OUT (default
 # ./gpu_results). About 3-5 minutes on an H100/H200, most of it Triton compiling kernels.
+# Afterwards: copy attention_gpu.json to docs/ (notebook 4 shows a stored GPU result found there)
+# and its table into docs/benchmarks.md, with the device name and date.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_results}"
