@@ -248,3 +248,14 @@ def test_a_plan_made_once_serves_every_layer():
         out = paged_decode_torch(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale,
                                  plan=decode_plan)
         assert_matches_oracle(out, case, 1e-10)
+
+
+def test_decode_of_equal_lengths_needs_no_mask():
+    """Equal lengths, all decodes: the plan has nothing to hide and skips the mask; the NaN in the
+    rest of each last page must still never be read."""
+    from course_lib.attention.torch_paged import plan_decode
+
+    case = make_paged_case([9, 9, 9], 6, 3, 8, 4, dtype=torch.float64, seed=5)
+    assert plan_decode(case.k_cache, case.block_tables, case.seq_lens).hidden is None
+    assert case.k_cache.isnan().any()
+    assert_matches_oracle(case.decode("torch"), case, 1e-10)

@@ -36,14 +36,15 @@ class AttentionPlan:
     """What one step's attention reads, shared by all its layers.
 
     rows: [S * L] the cache row (slot * num_kv_heads) of KV head 0 for each (sequence, position);
-    hidden: [S, 1, Q, L] True where a query must not look (broadcast over the query-head group);
+    hidden: [S, 1, Q, L] True where a query must not look (broadcast over the query-head group),
+    or None when every query sees every position (a decode batch of equal lengths);
     query_rows / valid_queries: prefill only, how the ragged queries pad into [S, Q]."""
 
     num_seqs: int
     max_len: int
     num_kv_heads: int
     rows: torch.Tensor
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
     query_rows: torch.Tensor | None = None
     valid_queries: torch.Tensor | None = None
     _all_heads: torch.Tensor | None = None  # the full gather index, when one chunk holds every head
@@ -70,6 +71,9 @@ def _context_rows(block_tables, seq_lens, max_len, page_size, num_kv_heads):
 
 
 def _finish_plan(num_seqs, max_len, num_kv_heads, rows, hidden, head_dim, element_size, **extra):
+    # Nothing to hide (equal lengths, all decodes): skip the mask in every layer. Asked once per
+    # step, so the host sync this costs on a GPU is paid once, not per layer.
+    hidden = hidden if bool(hidden.any()) else None
     plan = AttentionPlan(num_seqs, max_len, num_kv_heads, rows, hidden, **extra)
     if _heads_per_gather(num_seqs, max_len, num_kv_heads, head_dim, element_size) >= num_kv_heads:
         plan._all_heads = plan.gather_index(0, num_kv_heads)
@@ -132,7 +136,8 @@ def _attend(q, k_cache, v_cache, plan: AttentionPlan, scale):
             k, v = k.to(compute), v.to(compute)
         chunk = slice(first * S, last * S)
         scores = torch.bmm(qg[chunk], k.transpose(1, 2))  # [heads * S, G*Q, L]
-        scores.view(last - first, S, group, Q, L).masked_fill_(plan.hidden, float("-inf"))
+        if plan.hidden is not None:
+            scores.view(last - first, S, group, Q, L).masked_fill_(plan.hidden, float("-inf"))
         torch.bmm(torch.softmax(scores, dim=-1), v, out=out[chunk])
     out = out.view(kvh, S, group, Q, D).permute(1, 3, 0, 2, 4).reshape(S, Q, H, D)
     return out if out.dtype == q.dtype else out.to(q.dtype)
