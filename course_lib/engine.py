@@ -74,19 +74,14 @@ class RequestOutput:
 
     @classmethod
     def of(cls, r: Request, new_token_ids=()) -> "RequestOutput":
-        # The engine builds one per changed request per step (256 a step at 256 running), so this
-        # skips __init__'s keyword handling and sets the slots directly.
-        o = cls.__new__(cls)
-        o.request_id, o.prompt_token_ids, o.error = r.request_id, r.prompt_token_ids, r.error
-        o._tokens = r.output_token_ids
-        o._num_tokens = len(o._tokens)
-        o.finished = finished = r.status is RequestStatus.FINISHED
-        o.finish_reason = r.finish_reason.value if finished and r.finish_reason else None
-        o.arrival_time, o.first_scheduled_time = r.arrival_time, r.first_scheduled_time
-        o.first_token_time, o.finish_time = r.first_token_time, r.finish_time
-        o.num_preemptions, o.num_cached_tokens = r.num_preemptions, r.num_cached_tokens
-        o.new_token_ids = new_token_ids if type(new_token_ids) is list else list(new_token_ids)
-        return o
+        # Positional, not keywords: the engine builds one per changed request per step.
+        finished = r.status is RequestStatus.FINISHED
+        return cls(
+            r.request_id, r.prompt_token_ids, r.output_token_ids, finished,
+            r.finish_reason.value if finished and r.finish_reason else None, r.error,
+            r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finish_time,
+            r.num_preemptions, r.num_cached_tokens, new_token_ids,
+        )
 
 
 def _default_num_pages(config: EngineConfig, max_model_len: int) -> int:
@@ -217,7 +212,6 @@ class LLMEngine:
             self._deliver(r, FinishReason.ERROR, end)
             changed[r.request_id] = (r, [])
         requests, commit = self.requests, (self.kv.commit if self.prefix_cache is not None else None)
-        stop_ids, max_len = self._stop_ids, self.max_model_len
         for s in out.scheduled:
             r = requests[s.request_id]
             if r.first_scheduled_time is None:
@@ -228,21 +222,16 @@ class LLMEngine:
             if not s.samples:
                 continue
             token = tokens[s.request_id]
-            output = r.output_token_ids
-            output.append(token)
+            r.output_token_ids.append(token)
             changed[r.request_id] = (r, [token])
             if r.first_token_time is None:
                 r.first_token_time = end
-            p = r.sampling_params
-            # Only a request that might stop pays for the full check.
-            if (token in stop_ids or p.stop_token_ids or len(output) >= p.max_tokens
-                    or len(r.prompt_token_ids) + len(output) >= max_len):
-                reason = self._stop_reason(r, token)
-                if reason is not None:
-                    r.finish_reason = reason
-                    for done in self.scheduler.finish(r):
-                        self._deliver(done, done.finish_reason, end)
-                        changed.setdefault(done.request_id, (done, []))
+            reason = self._stop_reason(r, token)
+            if reason is not None:
+                r.finish_reason = reason
+                for done in self.scheduler.finish(r):
+                    self._deliver(done, done.finish_reason, end)
+                    changed.setdefault(done.request_id, (done, []))
         stats.kv_used_slots = self.kv.used_slots()
         stats.kv_allocated_slots = self.kv.allocated_slots()
         self.step_stats.append(stats)
