@@ -38,6 +38,7 @@ class AttentionPlan:
     rows: [S * L] the cache row (slot * num_kv_heads) of KV head 0 for each (sequence, position);
     hidden: [S, 1, Q, L] True where a query must not look (broadcast over the query-head group),
     or None when every query sees every position (a decode batch of equal lengths);
+    heads_per_gather: how many KV heads one gather takes (see GATHER_BYTES);
     query_rows / valid_queries: prefill only, how the ragged queries pad into [S, Q]."""
 
     num_seqs: int
@@ -45,6 +46,7 @@ class AttentionPlan:
     num_kv_heads: int
     rows: torch.Tensor
     hidden: torch.Tensor | None
+    heads_per_gather: int
     query_rows: torch.Tensor | None = None
     valid_queries: torch.Tensor | None = None
     _all_heads: torch.Tensor | None = None  # the full gather index, when one chunk holds every head
@@ -74,8 +76,9 @@ def _finish_plan(num_seqs, max_len, num_kv_heads, rows, hidden, head_dim, elemen
     # Nothing to hide (equal lengths, all decodes): skip the mask in every layer. Asked once per
     # step, so the host sync this costs on a GPU is paid once, not per layer.
     hidden = hidden if bool(hidden.any()) else None
-    plan = AttentionPlan(num_seqs, max_len, num_kv_heads, rows, hidden, **extra)
-    if _heads_per_gather(num_seqs, max_len, num_kv_heads, head_dim, element_size) >= num_kv_heads:
+    per_gather = _heads_per_gather(num_seqs, max_len, num_kv_heads, head_dim, element_size)
+    plan = AttentionPlan(num_seqs, max_len, num_kv_heads, rows, hidden, per_gather, **extra)
+    if per_gather >= num_kv_heads:
         plan._all_heads = plan.gather_index(0, num_kv_heads)
     return plan
 
@@ -126,9 +129,8 @@ def _attend(q, k_cache, v_cache, plan: AttentionPlan, scale):
     qg = q.reshape(S, Q, kvh, group, D).permute(2, 0, 3, 1, 4).reshape(kvh * S, group * Q, D)
     qg = (qg if qg.dtype == compute else qg.to(compute)) * scale
     out = torch.empty(kvh * S, group * Q, D, dtype=compute, device=q.device)
-    per_gather = _heads_per_gather(S, L, kvh, D, k_cache.element_size())
-    for first in range(0, kvh, per_gather):
-        last = min(first + per_gather, kvh)
+    for first in range(0, kvh, plan.heads_per_gather):
+        last = min(first + plan.heads_per_gather, kvh)
         index = plan.gather_index(first, last)
         k = rows_k.index_select(0, index).view((last - first) * S, L, D)
         v = rows_v.index_select(0, index).view((last - first) * S, L, D)

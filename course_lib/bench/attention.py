@@ -119,8 +119,6 @@ def _fits(batch, context, kv_heads, head_dim, dtype, device) -> str | None:
 def make_backends(inputs, names, device, context):
     """{name: zero-argument callable} for every requested backend that can run here; and
     {name: reason} for those that cannot."""
-    from ..attention import paged_decode
-
     q, k_cache, v_cache = inputs["q"], inputs["k_cache"], inputs["v_cache"]
     bt, lens, scale = inputs["block_tables"], inputs["seq_lens"], inputs["scale"]
     fns, unavailable = {}, {}
