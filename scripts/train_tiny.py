@@ -33,6 +33,7 @@ from course_lib.model.config import ModelConfig  # noqa: E402
 from course_lib.model.tasks import TASK_KINDS, answer_length_stats, evaluate, sample_task  # noqa: E402
 from course_lib.model.tokenizer import CharTokenizer  # noqa: E402
 from course_lib.model.transformer import Transformer  # noqa: E402
+from course_lib.model.weights import to_hf_names  # noqa: E402
 
 # Harder tasks get more of the data; long answers already weigh more in a per-token loss.
 TASK_WEIGHTS = {"max": 0.2, "reverse": 1.6, "sort": 0.4, "spell": 1.6, "repeat": 0.4, "countdown": 0.3}
@@ -87,7 +88,7 @@ def init_weights(model: Transformer, num_layers: int, std: float = 0.02) -> None
     for name, p in model.named_parameters():
         if p.dim() == 2:
             # GPT-2 style: residual projections shrink with depth so the stream starts calm.
-            s = std / math.sqrt(2 * num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+            s = std / math.sqrt(2 * num_layers) if name.endswith(("o_proj", "down_proj")) else std
             torch.nn.init.normal_(p, 0.0, s)
 
 
@@ -186,7 +187,8 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cfg.save(args.out / "config.json")
     tok.save(args.out / "tokenizer.json")
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    # Saved in Hugging Face's names (separate q/k/v, gate/up): any Llama tooling can read it.
+    state = {k: v.detach().contiguous() for k, v in to_hf_names(model.state_dict(), cfg).items()}
     save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
     (args.out / "model.safetensors").chmod(0o644)  # safetensors writes it owner-only
     size_mb = (args.out / "model.safetensors").stat().st_size / 1e6

@@ -69,8 +69,9 @@ def test_to_hf_copies_weights():
     model = random_model(4)
     hf = to_hf(model)
     with torch.no_grad():
-        model.layers[0].mlp.up_proj.weight.add_(1.0)
-    assert not torch.equal(hf.model.layers[0].mlp.up_proj.weight, model.layers[0].mlp.up_proj.weight)
+        model.layers[0].gate_up_proj.add_(1.0)
+    gate_up = torch.cat([hf.model.layers[0].mlp.gate_proj.weight, hf.model.layers[0].mlp.up_proj.weight])
+    assert not torch.equal(gate_up, model.layers[0].gate_up_proj)
 
 
 def test_to_hf_greedy_generate_matches():

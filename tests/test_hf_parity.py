@@ -238,11 +238,18 @@ def test_unsupported_features_raise(overrides, message):
 
 
 # --------------------------------------------------------------------------- the import itself
-def test_weights_are_shared_and_keep_the_dtype():
+def test_weights_are_shared_or_fused_and_keep_the_dtype():
     hf = make_hf("qwen2")
     model = from_hf(hf)
     assert model.dtype == torch.float64 and model.inv_freq.dtype == torch.float32
-    assert model.layers[1].self_attn.k_proj.bias.data_ptr() == hf.model.layers[1].self_attn.k_proj.bias.data_ptr()
+    # One HF matrix becomes one of ours: shared. q/k/v and gate/up become one fused matrix: copied.
+    layer, theirs = model.layers[1], hf.model.layers[1]
+    assert layer.o_proj.data_ptr() == theirs.self_attn.o_proj.weight.data_ptr()
+    assert layer.down_proj.data_ptr() == theirs.mlp.down_proj.weight.data_ptr()
+    q, k, v = (theirs.self_attn.q_proj, theirs.self_attn.k_proj, theirs.self_attn.v_proj)
+    assert torch.equal(layer.qkv_proj, torch.cat([q.weight, k.weight, v.weight]))
+    assert torch.equal(layer.qkv_bias, torch.cat([q.bias, k.bias, v.bias]))
+    assert torch.equal(layer.gate_up_proj, torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight]))
     assert model.lm_head.weight is model.embed_tokens.weight
     cfg = model.config
     assert (cfg.vocab_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (VOCAB, 2, 4, 2, 8)
@@ -258,9 +265,10 @@ def test_the_parity_check_can_fail():
         model = from_hf(make_hf("qwen2", kv_heads=1))  # its own copy of the weights to break
         with torch.no_grad():
             if breakage == "bias":
-                model.layers[0].self_attn.q_proj.bias.zero_()
+                cfg = model.config
+                model.layers[0].qkv_bias[: cfg.num_heads * cfg.head_dim].zero_()  # the q part
             elif breakage == "norm":
-                model.layers[1].post_attention_layernorm.weight[0] += 0.01
+                model.layers[1].post_attention_norm[0] += 0.01
             else:
                 model.inv_freq = inverse_frequencies(model.config.head_dim, 20000.0)
         assert max_logit_diff(hf, model, (7,)) > 1e-6, breakage

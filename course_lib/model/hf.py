@@ -19,6 +19,7 @@ import torch
 from .config import ModelConfig
 from .rope import inverse_frequencies
 from .transformer import Transformer
+from .weights import from_hf_names
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -28,7 +29,8 @@ _INSTALL_HINT = 'pip install "llm-serving-course[hf]"'
 
 # --------------------------------------------------------------------------- public functions
 def from_hf(hf_model, *, max_model_len: int | None = None) -> Transformer:
-    """Our Transformer with the weights of `hf_model` (shared with it, not copied; same dtype/device).
+    """Our Transformer with the weights of `hf_model` (same dtype/device). Weights are shared with
+    it, not copied, except the fused q/k/v and gate/up matrices (see `model.weights`).
 
     `max_model_len` caps the sequence length the converted model is meant for (it becomes
     `config.max_position_embeddings`). It only matters for sliding-window models: their window
@@ -47,25 +49,24 @@ def from_hf(hf_model, *, max_model_len: int | None = None) -> Transformer:
     # Tie when HF really computes with one matrix for both (what the model does, not what it says).
     cfg.tie_word_embeddings = head is None or _same_storage(head, embed)
 
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    state, unused = {}, set(hf_state)
-    for name in model.state_dict():
-        hf_name = name if name == "lm_head.weight" else "model." + name
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            hf_name = "model.embed_tokens.weight"
-        if hf_name not in hf_state:
-            raise ValueError(f"{architecture}: weight {hf_name!r} is missing from the Hugging Face model")
-        state[name] = hf_state[hf_name].detach()
-        unused.discard(hf_name)
+    # HF names without LlamaForCausalLM's "model." prefix, the names model.weights speaks.
+    named = {n.removeprefix("model."): t.detach() for n, t in hf_state.items() if not n.endswith("rotary_emb.inv_freq")}
     if cfg.tie_word_embeddings:
-        unused.discard("lm_head.weight")
-    unused = {n for n in unused if not n.endswith("rotary_emb.inv_freq")}
+        named["lm_head.weight"] = named["embed_tokens.weight"]
+    try:
+        state, used = from_hf_names(named, cfg)
+    except KeyError as missing:
+        name = missing.args[0]
+        hf_name = name if name == "lm_head.weight" else "model." + name
+        raise ValueError(f"{architecture}: weight {hf_name!r} is missing from the Hugging Face model") from None
+    unused = {n if n == "lm_head.weight" else "model." + n for n in set(named) - used}
     if unused:
         raise ValueError(
             f"{architecture}: the Hugging Face model has weights course_lib does not use, so its outputs "
             f"would differ: {sorted(unused)[:6]}{' ...' if len(unused) > 6 else ''}"
         )
+    with torch.device("meta"):
+        model = Transformer(cfg)
     model.load_state_dict(state, assign=True, strict=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -89,7 +90,7 @@ def load_hf(
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
     model = from_hf(hf_model, max_model_len=max_model_len)
     model.config.extra["name_or_path"] = str(name_or_path)
-    del hf_model  # our model shares its tensors; the rest of it can go
+    del hf_model  # we hold what we use (shared or fused copies); the rest of it can go
     return model.to(device), tokenizer
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from .config import ModelConfig
 from .tokenizer import CharTokenizer
 from .transformer import Transformer
+from .weights import from_hf_names
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 
@@ -32,7 +33,8 @@ def load_tiny(dtype: torch.dtype = torch.float32, device: str | torch.device = "
             f"tokenizer vocab_size {tokenizer.vocab_size} does not match the model's vocab_size {cfg.vocab_size}"
         )
     model = Transformer(cfg)
-    model.load_state_dict(load_file(str(TINY_DIR / "model.safetensors")), strict=True)
+    state, _ = from_hf_names(load_file(str(TINY_DIR / "model.safetensors")), cfg)  # stored in HF's names
+    model.load_state_dict(state, strict=True)
     model.to(device=device, dtype=dtype)
     model.eval()
     return model, tokenizer

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
+from .weights import to_hf_names
 
 
 def hf_config_of(cfg: ModelConfig, attn_implementation: str = "sdpa"):
@@ -65,18 +66,16 @@ def to_hf(model, attn_implementation: str = "sdpa"):
     cls = transformers.Qwen2ForCausalLM if cfg.attention_bias else transformers.LlamaForCausalLM
     with torch.device("meta"):
         hf = cls(hf_cfg)
-    ours = model.state_dict()
+    ours = to_hf_names(model.state_dict(), cfg)  # HF names without the "model." prefix
     state = {}
     for name in hf.state_dict():
         if name.endswith("rotary_emb.inv_freq"):
             continue
-        src = name if name == "lm_head.weight" else name.removeprefix("model.")
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            src = "embed_tokens.weight"
+        src = name.removeprefix("model.")
         if src not in ours:
             raise ValueError(f"{cls.__name__} wants weight {name!r} but the course_lib model has no {src!r}")
         state[name] = ours[src].detach().clone()
-    missing = set(ours) - {n if n == "lm_head.weight" else n.removeprefix("model.") for n in state}
+    missing = set(ours) - {n.removeprefix("model.") for n in state}
     if cfg.tie_word_embeddings:
         missing.discard("lm_head.weight")
     if missing:

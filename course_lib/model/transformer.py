@@ -9,6 +9,7 @@ That one seam is how the engine plugs in paged KV memory without touching this f
 """
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -20,9 +21,24 @@ from .rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
 class Attend(Protocol):
-    """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] -> [T, num_heads, head_dim]."""
+    """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] -> [T, num_heads, head_dim].
+
+    q, k and v are views into one fused projection (see DecoderLayer), so they are strided, not
+    contiguous: split or merge their token dimension with `view`/`reshape` as usual, but do not
+    assume `q.is_contiguous()`."""
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, over the last dimension.
+
+    Normalised in float32 (half precision overflows in the square). HF does this even for a
+    float64 model, so we do too: that is what makes float64 parity with transformers exact.
+    (The dtype checks skip two no-op casts: at small batches every op's overhead counts.)"""
+    h = x if x.dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -32,57 +48,48 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 (half precision overflows in the square). HF does this even for a
-        # float64 model, so we do too: that is what makes float64 parity with transformers exact.
-        # (The dtype checks skip two no-op casts: at small batches every op's overhead counts.)
-        h = x if x.dtype == torch.float32 else x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__()
-        self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-
-    def forward(self, x, cos, sin, attend: Attend):
-        T = x.shape[0]
-        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attend(self.layer, q, k, v)
-        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
+    """One block: x += attention(rms_norm(x)); x += swiglu(rms_norm(x)).
+
+    Two choices here are about speed, and both are what serving engines do:
+
+    - **Fused projections.** q, k and v are one [(H + 2 KV) * D, hidden] matrix, gate and up one
+      [2 * intermediate, hidden] matrix (vLLM's QKVParallelLinear and MergedColumnParallelLinear):
+      one matmul instead of three, and one instead of two, and RoPE turns the q and k heads in
+      one go. `model.weights` converts to and from Hugging Face's separate matrices.
+    - **Weights as plain parameters, the forward as plain functions**, not a tree of nn.Linear
+      submodules. In a decode step each sequence brings one token, so a matmul is a few
+      microseconds, and calling a submodule costs about as much again; the tiny model made ~40
+      such calls per step. Together these halve the time of a small decode step (measured in
+      docs/engine_benchmark.md); the outputs are bit-identical."""
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.layer, self.eps = layer, cfg.rms_norm_eps
+        H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.heads = (H, KV, D)
+        hidden, inter = cfg.hidden_size, cfg.intermediate_size
+        self.input_norm = nn.Parameter(torch.ones(hidden))
+        self.qkv_proj = nn.Parameter(torch.empty((H + 2 * KV) * D, hidden))
+        self.qkv_bias = nn.Parameter(torch.zeros((H + 2 * KV) * D)) if cfg.attention_bias else None
+        self.o_proj = nn.Parameter(torch.empty(hidden, H * D))
+        self.post_attention_norm = nn.Parameter(torch.ones(hidden))
+        self.gate_up_proj = nn.Parameter(torch.empty(2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(hidden, inter))
+        for w in (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj):
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # nn.Linear's default; loaders overwrite it
 
     def forward(self, x, cos, sin, attend: Attend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        T, (H, KV, D) = x.shape[0], self.heads
+        qkv = F.linear(rms_norm(x, self.input_norm, self.eps), self.qkv_proj, self.qkv_bias).view(T, H + 2 * KV, D)
+        qk = apply_rope(qkv[:, : H + KV], cos, sin)  # the q heads, then the k heads
+        out = attend(self.layer, qk[:, :H], qk[:, H:], qkv[:, H + KV :])
+        x = x + F.linear(out.reshape(T, H * D), self.o_proj)
+        gate, up = F.linear(rms_norm(x, self.post_attention_norm, self.eps), self.gate_up_proj).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_proj)
 
 
 class Transformer(nn.Module):
