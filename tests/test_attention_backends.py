@@ -205,9 +205,9 @@ def test_bench_attention_runs_and_agrees_with_sdpa(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("gather_bytes", [1, 10_000])
-def test_torch_backend_gathers_in_kv_head_chunks(monkeypatch, gather_bytes):
-    """A small gather budget splits the KV heads into chunks (one head at a time with 1 byte);
-    the result must not depend on how the heads are split."""
+def test_torch_backend_gathers_in_sequence_chunks(monkeypatch, gather_bytes):
+    """A small gather budget splits the batch into chunks of sequences (one at a time with 1
+    byte); the result must not depend on how the sequences are split."""
     from course_lib.attention import torch_paged
 
     monkeypatch.setattr(torch_paged, "GATHER_BYTES", gather_bytes)
@@ -215,7 +215,7 @@ def test_torch_backend_gathers_in_kv_head_chunks(monkeypatch, gather_bytes):
     prefill = make_paged_case(seq_lens, 6, 3, 16, 8, query_lens=query_lens, dtype=torch.float64, seed=11)
     assert_matches_oracle(prefill.prefill("torch"), prefill, 1e-10)
     decode = make_paged_case(seq_lens, 6, 3, 16, 8, dtype=torch.float64, seed=12)
-    assert torch_paged._heads_per_gather(6, 40, 3, 16, 8) < 3  # the chunked path really runs
+    assert torch_paged._seqs_per_gather(40, 3, 16, 8) < 6  # the chunked path really runs
     assert_matches_oracle(decode.decode("torch"), decode, 1e-10)
 
 
