@@ -129,22 +129,25 @@ def _attend(q, k_cache, v_cache, plan: AttentionPlan, scale):
     if Q > 1:
         q = q.reshape(S, Q, kvh, group, D).permute(0, 2, 3, 1, 4)
     qg = ((q if dtype == compute else q.to(compute)) * scale).reshape(S * kvh, group * Q, D)
-    out = torch.empty(S * kvh, group * Q, D, dtype=compute, device=q.device)
     per = plan.seqs_per_gather
+    # The usual case, every sequence in one gather, skips the slicing ops.
+    out = None if per >= S else torch.empty(S * kvh, group * Q, D, dtype=compute, device=q.device)
     for first in range(0, S, per):
         last = min(first + per, S)
-        whole = first == 0 and last == S  # the usual case: skip the slicing ops
         rows = slice(first * kvh, last * kvh)
-        index = plan.index if whole else plan.index[first * kvh * L : last * kvh * L]
+        index = plan.index if out is None else plan.index[first * kvh * L : last * kvh * L]
         k = rows_k.index_select(0, index).view((last - first) * kvh, L, D)
         v = rows_v.index_select(0, index).view((last - first) * kvh, L, D)
         if k.dtype != compute:
             k, v = k.to(compute), v.to(compute)
-        scores = torch.bmm(qg if whole else qg[rows], k.transpose(1, 2))  # [seqs * kvh, G*Q, L]
+        scores = torch.bmm(qg if out is None else qg[rows], k.transpose(1, 2))  # [seqs * kvh, G*Q, L]
         if plan.hidden is not None:
-            hidden = plan.hidden if whole else plan.hidden[first:last]
+            hidden = plan.hidden if out is None else plan.hidden[first:last]
             scores.view(last - first, kvh, group, Q, L).masked_fill_(hidden, float("-inf"))
-        torch.bmm(torch.softmax(scores, dim=-1), v, out=out if whole else out[rows])
+        if out is None:
+            out = torch.bmm(torch.softmax(scores, dim=-1), v)
+        else:
+            torch.bmm(torch.softmax(scores, dim=-1), v, out=out[rows])
     if Q > 1:
         out = out.view(S, kvh, group, Q, D).permute(0, 3, 1, 2, 4)
     out = out.reshape(shape)

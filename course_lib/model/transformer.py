@@ -74,7 +74,8 @@ class DecoderLayer(nn.Module):
         hidden, inter = cfg.hidden_size, cfg.intermediate_size
         self.input_norm = nn.Parameter(torch.ones(hidden))
         self.qkv_proj = nn.Parameter(torch.empty((H + 2 * KV) * D, hidden))
-        self.qkv_bias = nn.Parameter(torch.zeros((H + 2 * KV) * D)) if cfg.attention_bias else None
+        bias = nn.Parameter(torch.zeros((H + 2 * KV) * D)) if cfg.attention_bias else None
+        self.register_parameter("qkv_bias", bias)  # None is registered too: forward reads _parameters
         self.o_proj = nn.Parameter(torch.empty(hidden, H * D))
         self.post_attention_norm = nn.Parameter(torch.ones(hidden))
         self.gate_up_proj = nn.Parameter(torch.empty(2 * inter, hidden))
@@ -83,13 +84,16 @@ class DecoderLayer(nn.Module):
             nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # nn.Linear's default; loaders overwrite it
 
     def forward(self, x, cos, sin, attend: Attend):
+        # Parameters read from the module's own dict: `self.qkv_proj` would go through
+        # nn.Module.__getattr__, a Python function called for each of the 7 weights, every layer.
+        w, eps = self._parameters, self.eps
         T, (H, KV, D) = x.shape[0], self.heads
-        qkv = F.linear(rms_norm(x, self.input_norm, self.eps), self.qkv_proj, self.qkv_bias).view(T, H + 2 * KV, D)
+        qkv = F.linear(rms_norm(x, w["input_norm"], eps), w["qkv_proj"], w["qkv_bias"]).view(T, H + 2 * KV, D)
         qk = apply_rope(qkv[:, : H + KV], cos, sin)  # the q heads, then the k heads
         out = attend(self.layer, qk[:, :H], qk[:, H:], qkv[:, H + KV :])
-        x = x + F.linear(out.reshape(T, H * D), self.o_proj)
-        gate, up = F.linear(rms_norm(x, self.post_attention_norm, self.eps), self.gate_up_proj).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_proj)
+        x = x + F.linear(out.reshape(T, H * D), w["o_proj"])
+        gate, up = F.linear(rms_norm(x, w["post_attention_norm"], eps), w["gate_up_proj"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w["down_proj"])
 
 
 class Transformer(nn.Module):
@@ -133,7 +137,7 @@ class Transformer(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, attend)
+            x = layer.forward(x, cos, sin, attend)  # .forward: no hooks to run, so skip nn.Module's call machinery
         if logits_indices is not None:
             x = x[logits_indices]
         return self.lm_head(self.norm(x))
