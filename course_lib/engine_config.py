@@ -17,7 +17,9 @@ class EngineConfig:
     preemption: str = "recompute"  # "recompute", or "fail": a request that cannot grow ends in error
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
-    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere), "torch", "reference", "triton"
+    # "auto" (triton on CUDA; on CPUs the C kernel "cpu" when it builds, else torch), "torch",
+    # "reference", "triton", "cpu"
+    attention_backend: str = "auto"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # for unseeded sampled requests
     record_page_owners: bool = False  # keep a page->request map per step (for the page-pool plot)
@@ -37,8 +39,8 @@ class EngineConfig:
              f"admission must be 'none', 'reserve' or 'watermark', got {self.admission!r}"),
             (self.preemption in ("recompute", "fail"),
              f"preemption must be 'recompute' or 'fail', got {self.preemption!r}"),
-            (self.attention_backend in ("auto", "torch", "reference", "triton"),
-             f"attention_backend must be auto, torch, reference or triton, got {self.attention_backend!r}"),
+            (self.attention_backend in ("auto", "torch", "reference", "triton", "cpu"),
+             f"attention_backend must be auto, torch, reference, triton or cpu, got {self.attention_backend!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -60,19 +60,28 @@ class _PlannedCall:
         return self.fn(q, kc, vc, *self.args, self.scale, plan=self.plan)
 
 
-def backend_functions(backend: str, device):
+def backend_functions(backend: str, device, dtype: torch.dtype | None = None):
     """(decode_fn, prefill_fn) with the paged_decode / paged_prefill signatures (minus `backend`).
-    The torch backend's also take a per-step `plan=` and say how to make one (`make_plan`)."""
-    if backend == "auto":
-        backend = default_backend(device)
-    if backend == "torch":
-        def decode_fn(q, kc, vc, bt, lens, scale, plan=None):
-            return paged_decode_torch(q, kc, vc, bt, lens, scale, plan=plan)
-
+    The torch and cpu backends' also take a per-step `plan=` and say how to make one (`make_plan`).
+    "auto" resolves with `default_backend(device, dtype)`; `resolve_backend` says to what."""
+    backend = resolve_backend(backend, device, dtype)
+    if backend in ("torch", "cpu"):
         def prefill_fn(q, kc, vc, bt, qsl, lens, scale, plan=None):
             return paged_prefill_torch(q, kc, vc, bt, qsl, lens, scale, plan=plan)
 
-        decode_fn.make_plan, prefill_fn.make_plan = plan_decode, plan_prefill
+        prefill_fn.make_plan = plan_prefill
+        if backend == "cpu":  # the C kernel decodes; prefill stays torch's
+            from .attention.cpu_decode import paged_decode_cpu, plan_decode_cpu
+
+            def decode_fn(q, kc, vc, bt, lens, scale, plan=None):
+                return paged_decode_cpu(q, kc, vc, bt, lens, scale, plan=plan)
+
+            decode_fn.make_plan = plan_decode_cpu
+        else:
+            def decode_fn(q, kc, vc, bt, lens, scale, plan=None):
+                return paged_decode_torch(q, kc, vc, bt, lens, scale, plan=plan)
+
+            decode_fn.make_plan = plan_decode
         return decode_fn, prefill_fn
 
     def decode_fn(q, kc, vc, bt, lens, scale):
@@ -84,6 +93,10 @@ def backend_functions(backend: str, device):
     return decode_fn, prefill_fn
 
 
+def resolve_backend(backend: str, device, dtype: torch.dtype | None = None) -> str:
+    return default_backend(device, dtype) if backend == "auto" else backend
+
+
 class ModelRunner:
     def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0):
         self.model, self.kv = model, kv
@@ -91,9 +104,17 @@ class ModelRunner:
         self.device = model.device
         self.scale = 1.0 / math.sqrt(model.config.head_dim)
         if callable(attention):  # a paged_decode-style function from outside (e.g. a student's)
-            self.decode_fn, self.prefill_fn = attention, backend_functions("auto", self.device)[1]
+            self.attention_backend = getattr(attention, "__name__", "custom")
+            self.decode_fn, self.prefill_fn = attention, backend_functions("auto", self.device, model.dtype)[1]
         else:
-            self.decode_fn, self.prefill_fn = backend_functions(attention, self.device)
+            self.attention_backend = resolve_backend(attention, self.device, model.dtype)
+            if self.attention_backend == "cpu":  # fail now, with the reason, not in the first step
+                from .attention.cpu_decode import load_kernel
+
+                if self.device.type != "cpu":
+                    raise ValueError(f"attention_backend 'cpu' needs the model on the CPU, not {self.device}")
+                load_kernel(model.dtype)
+            self.decode_fn, self.prefill_fn = backend_functions(self.attention_backend, self.device)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.pad_token_id = model.config.pad_token_id or 0
 

@@ -137,7 +137,7 @@ def shapes(draw, prefill=False):
                 seed=draw(st.integers(0, 2**16)), table_padding=draw(st.sampled_from(["foreign", -1, 0])))
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
 @settings(max_examples=25, deadline=None)
 @given(shape=shapes())
 def test_decode_matches_dense_oracle(backend, shape):
@@ -153,7 +153,7 @@ def test_prefill_mixed_with_decodes_matches_dense_oracle(backend, shape):
     assert_matches_oracle(case.prefill(backend), case, TOLERANCE[shape["dtype"]])
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
 def test_partial_pages_permuted_tables_and_nan_slots(backend):
     """The fixed adversarial batch: lengths around the page boundary, a prompt chunk with an offset
     (17 cached + 23 new), a whole prompt, and decodes, in one call."""

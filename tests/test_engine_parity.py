@@ -48,7 +48,7 @@ def test_engine_matches_plain_generate(case, cfg):
     assert engine.pool.num_free_pages == engine.pool.num_pages, "pages leaked"
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
 def test_attention_backends_serve_identical_tokens(case, backend):
     model, prompts, expected = case
     engine = LLMEngine(model, EngineConfig(page_size=4, attention_backend=backend, max_num_batched_tokens=32))

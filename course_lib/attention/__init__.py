@@ -4,8 +4,9 @@ Cache layout (one pair per layer): `k_cache, v_cache: [num_pages, page_size, num
 Token `t` of a sequence lives in page `block_tables[s, t // page_size]`, row `t % page_size`.
 
 Two entry points, each with backends "reference" (explicit loops, as the course teaches it),
-"torch" (vectorised gather + masked softmax) and "triton" (GPU kernel; runs on the CPU under
-TRITON_INTERPRET=1):
+"torch" (vectorised gather + masked softmax), "triton" (GPU kernel; runs on the CPU under
+TRITON_INTERPRET=1) and "cpu" (a C kernel compiled on first use, decode only: its prefill is
+the torch one):
 
 - `paged_decode`: one new query per sequence (the decode step).
 - `paged_prefill`: a chunk of new queries per sequence, causal, offset by the tokens already
@@ -21,7 +22,7 @@ from .kv_write import write_kv
 from .reference import paged_decode_reference, paged_prefill_reference
 from .torch_paged import paged_decode_torch, paged_prefill_torch
 
-BACKENDS = ("reference", "torch", "triton")
+BACKENDS = ("reference", "torch", "triton", "cpu")
 
 
 def _check_backend(backend: str) -> None:
@@ -38,6 +39,10 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, backend: st
         return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
     if backend == "torch":
         return paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    if backend == "cpu":
+        from .cpu_decode import paged_decode_cpu
+
+        return paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale)
     from .triton_decode import paged_decode_triton
 
     return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, **kwargs)
@@ -51,15 +56,16 @@ def paged_prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, 
     _check_backend(backend)
     if backend == "reference":
         return paged_prefill_reference(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
-    if backend == "torch":
+    if backend in ("torch", "cpu"):  # the cpu backend's kernel is decode only
         return paged_prefill_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     from .triton_prefill import paged_prefill_triton
 
     return paged_prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, **kwargs)
 
 
-def default_backend(device: torch.device | str) -> str:
-    """Triton on CUDA when it imports, the vectorised torch backend everywhere else."""
+def default_backend(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """Triton on CUDA when it imports; on the CPU the C kernel when it builds and supports
+    `dtype` (float32, float64); the vectorised torch backend everywhere else."""
     if torch.device(device).type == "cuda":
         try:
             import triton  # noqa: F401
@@ -67,6 +73,11 @@ def default_backend(device: torch.device | str) -> str:
             return "triton"
         except ImportError:
             return "torch"
+    if torch.device(device).type == "cpu":
+        from .cpu_decode import DTYPES, available
+
+        if (dtype is None or dtype in DTYPES) and available()[0]:
+            return "cpu"
     return "torch"
 
 

@@ -36,6 +36,7 @@ from ..engine import LLMEngine
 from ..engine_config import EngineConfig
 from ..model.config import ModelConfig
 from ..model.transformer import Transformer
+from ..runner import resolve_backend
 from ..scheduler.sampling import SamplingParams
 
 # The shape of the shipped tiny model (scripts/train_tiny.py defaults, CharTokenizer vocabulary).
@@ -149,7 +150,7 @@ def _eos_ids(model_config: ModelConfig, workload: Workload) -> set[int]:
 
 
 def run_course_lib(model, workload: Workload, config: EngineConfig | None = None) -> EngineRun:
-    config = config or EngineConfig(attention_backend="torch")
+    config = config or EngineConfig()
     setup = time.perf_counter()
     engine = LLMEngine(model, config)  # construction (cache allocation) is setup, not timed
     setup = time.perf_counter() - setup
@@ -291,7 +292,7 @@ def bench_workload(model, hf, workload: Workload, repeats: int = 3, engines=ENGI
                    config: EngineConfig | None = None, warmup: bool = True) -> dict:
     """Run `engines` on `workload` `repeats` times, interleaved; per engine the median time and
     tokens/s, per HF engine the median side-by-side speed ratio and the token agreement."""
-    config = config or EngineConfig(attention_backend="torch")
+    config = config or EngineConfig()
     unknown = set(engines) - set(ENGINES)
     if unknown or "course_lib" not in engines:
         raise ValueError(f"engines must include 'course_lib' and be among {ENGINES}, got {list(engines)}")
@@ -338,8 +339,9 @@ def bench_workload(model, hf, workload: Workload, repeats: int = 3, engines=ENGI
 
 def run_benchmark(model_kind: str = "tiny", num_prompts: int = 64, max_tokens: int = 64, repeats: int = 3,
                   threads: int | None = 1, seed: int = 0, engines=ENGINES, workloads=("mixed", "uniform"),
-                  config: EngineConfig | None = None) -> dict:
-    """The whole `bench engine`: both workloads, every engine. Returns one JSON-ready dict."""
+                  config: EngineConfig | None = None, attention: str = "auto") -> dict:
+    """The whole `bench engine`: both workloads, every engine. Returns one JSON-ready dict.
+    `attention` is course_lib's attention backend (when no `config` is given)."""
     from ..model.to_hf import to_hf
 
     old_threads = torch.get_num_threads()
@@ -351,13 +353,15 @@ def run_benchmark(model_kind: str = "tiny", num_prompts: int = 64, max_tokens: i
         chosen = [w for w in make_workloads(model, tokenizer, num_prompts, max_tokens, seed) if w.name in workloads]
         import transformers
 
+        config = config or EngineConfig(attention_backend=attention)
+        backend = resolve_backend(config.attention_backend, model.device, model.dtype)
         load = _load_average()
         results = [bench_workload(model, hf, w, repeats, engines, config) for w in chosen]
         return {
             "model": kind, "model_shape": {k: getattr(model.config, k) for k in
                                            ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads")},
             "num_prompts": num_prompts, "max_tokens": max_tokens, "repeats": repeats,
-            "threads": torch.get_num_threads(), "dtype": "float32",
+            "threads": torch.get_num_threads(), "dtype": "float32", "attention_backend": backend,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "load_average_before": load, "load_average_after": _load_average(),
             "workloads": results,
@@ -378,6 +382,7 @@ def _load_average():
 def format_table(result: dict) -> str:
     lines = [f"model: {result['model']} {result['model_shape']}, {result['num_prompts']} prompts, "
              f"max_tokens {result['max_tokens']}, float32, greedy, {result['threads']} thread(s), "
+             f"course_lib attention: {result['attention_backend']}, "
              f"median of {result['repeats']}; load average {result['load_average_before']} -> "
              f"{result['load_average_after']}", ""]
     header = (f"{'workload':<9} {'engine':<14} {'tokens':>7} {'median s':>9} {'tok/s':>8} {'course_lib /':>12} "
@@ -423,7 +428,7 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
         torch.set_num_threads(threads)
     try:
         model = model if model is not None else load_model("tiny")[0]
-        config = config or EngineConfig(attention_backend="torch", max_num_seqs=max(64, running))
+        config = config or EngineConfig(max_num_seqs=max(64, running))
         engine = LLMEngine(model, config)
         rng = random.Random(0)
         vocab = model.config.vocab_size
@@ -499,6 +504,7 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
             run.decode_fn, run.prefill_fn, run.model = orig_decode, orig_prefill, orig_model_call
         med = {k: statistics.median(r[k] for r in rows) / 1000 for k in (*PHASES, "total")}
         result = {"running": running, "steps": steps, "threads": torch.get_num_threads(),
+                  "attention_backend": engine.runner.attention_backend,
                   "context_len_start": prompt_len + 4, "median_us": med,
                   "share": {k: med[k] / med["total"] for k in PHASES},
                   "tok_s": running / (med["total"] / 1e6), "load_average": _load_average()}
@@ -516,7 +522,8 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
 
 def format_profile(p: dict) -> str:
     lines = [f"course_lib decode step, {p['running']} running requests, {p['threads']} thread(s), "
-             f"median of {p['steps']} steps (load average {p['load_average']}):", ""]
+             f"attention {p['attention_backend']}, median of {p['steps']} steps (load average {p['load_average']}):",
+             ""]
     for k in (*PHASES, "total"):
         share = "" if k == "total" else f"{p['share'][k] * 100:5.1f}%"
         lines.append(f"  {k:<18} {p['median_us'][k]:>9.0f} us  {share}")
@@ -542,6 +549,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
+    parser.add_argument("--attention", default="auto", choices=("auto", "torch", "cpu", "reference"),
+                        help="course_lib's attention backend (auto: the C kernel when it builds, else torch)")
     parser.add_argument("--workloads", default="mixed,uniform", help="comma-separated subset of mixed,uniform")
     parser.add_argument("--profile", action="store_true",
                         help="instead: break one course_lib decode step down into phases")
@@ -555,12 +564,14 @@ def main(argv=None) -> int:
         if args.profile:
             model = load_model(args.model, args.seed)[0]
             result = profile_engine_step(model, running=args.running, steps=args.steps, threads=args.threads or None,
+                                         config=EngineConfig(attention_backend=args.attention,
+                                                             max_num_seqs=max(64, args.running)),
                                          cprofile_top=args.cprofile)
             print(format_profile(result))
         else:
             result = run_benchmark(args.model, args.num_prompts, args.max_tokens, args.repeats,
                                    args.threads or None, args.seed, tuple(args.engines.split(",")),
-                                   tuple(args.workloads.split(",")))
+                                   tuple(args.workloads.split(",")), attention=args.attention)
             print(format_table(result))
     except ValueError as err:
         parser.error(str(err))

@@ -1,0 +1,118 @@
+/* Paged decode attention for CPUs: one new query per sequence.
+ *
+ * Keys and values are read straight from their pages through the block table, one token at a
+ * time, the way the Triton kernel (triton_decode.py) and vLLM's paged_attention_v1 read them.
+ * The torch backend instead gathers every sequence's keys and values into a dense copy first
+ * and then runs a batched matmul: at decode sizes that copy, and the per-matrix overhead of
+ * batched matmuls of a [group, head_dim] x [head_dim, len] shape, cost far more than the
+ * arithmetic. Here nothing is copied and nothing outside a sequence is read, so a NaN left in
+ * an unused slot can never reach the output.
+ *
+ * cpu_decode.py compiles this file twice, with SCALAR=float (EXP=expf) and SCALAR=double
+ * (EXP=exp), and calls
+ * `paged_decode` through ctypes. Single-threaded, like the benchmarks that use it.
+ *
+ * Layouts: q [S, H, D] with strides (q_seq_stride, q_head_stride, 1), so a strided view into a
+ * fused qkv projection works as is; k_cache, v_cache [num_pages, page_size, KVH, D] and
+ * out [S, H, D], contiguous; block_tables int32 [S, table_width]; seq_lens int32 [S] (tokens
+ * cached, the new one included); scores: scratch for H * max(seq_lens) values.
+ * Query head h reads KV head h / group, group = H / KVH (grouped-query attention).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#ifndef SCALAR
+#define SCALAR float
+#define EXP expf
+#endif
+
+/* One build, two code paths: an AVX2+FMA clone picked at load time on CPUs that have it, and a
+ * baseline one elsewhere (GCC's function multi-versioning, x86-64 Linux only). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && !defined(NO_CLONES)
+#define MULTIVERSION __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+/* How many tokens ahead to ask for key rows: pages are scattered, so the hardware prefetcher
+ * cannot guess where the next page starts, but the block table can. */
+#define PREFETCH_AHEAD 4
+
+static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t page_size)
+{
+    return (int64_t)table[t / page_size] * page_size + t % page_size;
+}
+
+/* Ask for every cache line of a row: the loads come later, from cache, not from memory. */
+static inline void prefetch_row(const SCALAR *row, int64_t count)
+{
+    for (int64_t i = 0; i < count; i += 64 / sizeof(SCALAR))
+        __builtin_prefetch(row + i);
+}
+
+MULTIVERSION
+void paged_decode(const SCALAR *q, int64_t q_seq_stride, int64_t q_head_stride,
+                  const SCALAR *k_cache, const SCALAR *v_cache,
+                  const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
+                  SCALAR *out, SCALAR *scores,
+                  int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  int64_t page_size, SCALAR scale)
+{
+    const int64_t group = num_heads / num_kv_heads, D = head_dim;
+    const int64_t slot_size = num_kv_heads * D; /* one cache slot holds every KV head of a token */
+
+    for (int64_t s = 0; s < num_seqs; s++) {
+        const int64_t n = seq_lens[s];
+        const int32_t *table = block_tables + s * table_width;
+        const SCALAR *q_seq = q + s * q_seq_stride;
+        SCALAR *out_seq = out + s * num_heads * D;
+
+        /* scores[i * n + t] = scale * (query head i) . (key of token t, KV head i / group).
+         * Token-major: each slot row (all KV heads of a token) is read once, front to back. */
+        for (int64_t t = 0; t < n; t++) {
+            if (t + PREFETCH_AHEAD < n)
+                prefetch_row(k_cache + slot_of(table, t + PREFETCH_AHEAD, page_size) * slot_size, slot_size);
+            const int64_t slot = slot_of(table, t, page_size);
+            const SCALAR *k_row = k_cache + slot * slot_size;
+            prefetch_row(v_cache + slot * slot_size, slot_size); /* for the second pass below */
+            for (int64_t i = 0; i < num_heads; i++) {
+                const SCALAR *qi = q_seq + i * q_head_stride, *k = k_row + (i / group) * D;
+                SCALAR dot = 0;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t d = 0; d < D; d++)
+                    dot += qi[d] * k[d];
+                scores[i * n + t] = dot * scale;
+            }
+        }
+        /* softmax over the n tokens of each query head, in place; subtracting the max keeps exp
+         * from overflowing */
+        for (int64_t i = 0; i < num_heads; i++) {
+            SCALAR *row = scores + i * n;
+            SCALAR max = row[0];
+            for (int64_t t = 1; t < n; t++)
+                max = row[t] > max ? row[t] : max;
+            SCALAR sum = 0;
+            for (int64_t t = 0; t < n; t++) {
+                row[t] = EXP(row[t] - max);
+                sum += row[t];
+            }
+            const SCALAR inv = 1 / sum;
+            for (int64_t t = 0; t < n; t++)
+                row[t] *= inv;
+        }
+        /* out_i = sum over t of p_it * (value of token t, KV head i / group) */
+        for (int64_t d = 0; d < num_heads * D; d++)
+            out_seq[d] = 0;
+        for (int64_t t = 0; t < n; t++) {
+            const SCALAR *v_row = v_cache + slot_of(table, t, page_size) * slot_size;
+            for (int64_t i = 0; i < num_heads; i++) {
+                const SCALAR *v = v_row + (i / group) * D;
+                const SCALAR p = scores[i * n + t];
+                SCALAR *o = out_seq + i * D;
+#pragma omp simd
+                for (int64_t d = 0; d < D; d++)
+                    o[d] += p * v[d];
+            }
+        }
+    }
+}

@@ -1,0 +1,146 @@
+"""The "cpu" backend: paged decode attention as a small C kernel (cpu_decode.c).
+
+Why a C kernel on the CPU: a decode step gives each sequence one query, so attention is many
+tiny products ([group, head_dim] x [head_dim, len] per sequence and KV head). The torch backend
+first gathers every sequence's keys and values into a dense copy, then runs batched matmuls;
+at these sizes the copy and each small matmul's fixed cost dominate (bench attention measures
+it). The kernel reads each key and value once, in place, through the block table.
+
+The source is compiled on first use with the system C compiler (`$CC`, else `cc`), in about a
+second, and cached under `$COURSE_LIB_KERNEL_CACHE` (default `~/.cache/course_lib/kernels`),
+keyed by the source and the flags. No compiler: `available()` says False and why, the "auto"
+backend uses torch instead, and asking for "cpu" explicitly raises an error that says so.
+
+Decode only, float32 and float64; prefill under this backend uses the torch implementation.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+DTYPES = {torch.float32: ("float", "expf", ctypes.c_float), torch.float64: ("double", "exp", ctypes.c_double)}
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp-simd", "-std=c99")
+
+_libraries: dict[torch.dtype, ctypes.CDLL] = {}
+_build_error: str | None = None
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("COURSE_LIB_KERNEL_CACHE") or Path.home() / ".cache" / "course_lib" / "kernels")
+
+
+def _compile(scalar: str, exp: str) -> Path:
+    """Path of the shared library for one scalar type, compiled unless already cached."""
+    compiler = os.environ.get("CC") or "cc"
+    defines = (f"-DSCALAR={scalar}", f"-DEXP={exp}")
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((compiler, FLAGS, defines)).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"paged_decode_{scalar}_{key}.so"
+    if target.exists():
+        return target
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C compiler: {compiler!r} is not on PATH (set $CC to one)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        attempts = [(), ("-DNO_CLONES",)]  # compilers without function multi-versioning get one path
+        for extra in attempts:
+            cmd = [compiler, *FLAGS, *defines, *extra, str(SOURCE), "-o", str(built), "-lm"]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode == 0:
+                break
+        else:
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {' '.join(cmd)}\n{result.stderr.strip()[-2000:]}")
+        os.replace(built, target)  # atomic: a concurrent build never sees half a file
+    return target
+
+
+def load_kernel(dtype: torch.dtype) -> ctypes.CDLL:
+    """The compiled kernel for `dtype` (built on first use); ValueError for an unsupported dtype,
+    RuntimeError (saying why) when it cannot be built."""
+    global _build_error
+    if dtype not in DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise ValueError(f"the cpu attention backend supports {names}, not {str(dtype).removeprefix('torch.')}")
+    if dtype in _libraries:
+        return _libraries[dtype]
+    if _build_error is not None:
+        raise RuntimeError(f"the cpu attention backend is unavailable: {_build_error}")
+    scalar, exp, c_scalar = DTYPES[dtype]
+    try:
+        lib = ctypes.CDLL(str(_compile(scalar, exp)))
+    except (OSError, RuntimeError) as err:
+        _build_error = str(err)
+        raise RuntimeError(f"the cpu attention backend is unavailable: {err}") from None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.paged_decode.restype = None
+    lib.paged_decode.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, c_scalar]
+    _libraries[dtype] = lib
+    return lib
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") when the kernel is built (or builds now) for float32; else (False, the reason)."""
+    try:
+        load_kernel(torch.float32)
+        return True, ""
+    except RuntimeError as err:
+        return False, str(err)
+
+
+@dataclass
+class CpuDecodePlan:
+    """What every layer of one decode step shares: validated, contiguous tables and lengths."""
+
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    max_len: int
+
+
+def plan_decode_cpu(k_cache, block_tables, seq_lens) -> CpuDecodePlan:
+    """Check the step's tables and lengths once, for all layers (the engine calls this once a step)."""
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise ValueError(f"block_tables and seq_lens must be int32, got {block_tables.dtype} and {seq_lens.dtype}")
+    capacity = block_tables.shape[1] * k_cache.shape[1]
+    lo, hi = (int(seq_lens.min()), int(seq_lens.max())) if seq_lens.numel() else (1, 1)
+    if lo < 1 or hi > capacity:
+        raise ValueError(f"seq_lens must be in 1..{capacity} (table width x page size), got {lo}..{hi}")
+    return CpuDecodePlan(block_tables.contiguous(), seq_lens.contiguous(), hi)
+
+
+def paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale, plan: CpuDecodePlan | None = None):
+    """q: [num_seqs, num_heads, head_dim] (rows may be strided); caches [num_pages, page_size,
+    num_kv_heads, head_dim]; block_tables int32 [num_seqs, max_pages]; seq_lens int32 [num_seqs]
+    -> [num_seqs, num_heads, head_dim]. Same contract as `paged_decode`; `plan` (from
+    `plan_decode_cpu`) skips re-checking the tables in every layer."""
+    S, H, D = q.shape
+    num_pages, page_size, kvh, head_dim = k_cache.shape
+    lib = load_kernel(q.dtype)
+    if q.device.type != "cpu" or k_cache.device.type != "cpu":
+        raise ValueError(f"the cpu attention backend needs CPU tensors, got q on {q.device}, cache on {k_cache.device}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q, k_cache and v_cache must share one dtype and the caches one shape, got "
+                         f"{q.dtype}/{k_cache.dtype}/{v_cache.dtype}, {tuple(k_cache.shape)}/{tuple(v_cache.shape)}")
+    if head_dim != D or H % kvh:
+        raise ValueError(f"q [{S}, {H}, {D}] does not fit caches with {kvh} KV heads of dim {head_dim}")
+    plan = plan if plan is not None else plan_decode_cpu(k_cache, block_tables, seq_lens)
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    out = torch.empty(S, H, D, dtype=q.dtype)
+    if S == 0:
+        return out
+    scores = torch.empty(H * plan.max_len, dtype=q.dtype)  # scratch: one sequence's scores
+    lib.paged_decode(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                     plan.block_tables.data_ptr(), plan.block_tables.stride(0), plan.seq_lens.data_ptr(),
+                     out.data_ptr(), scores.data_ptr(), S, H, kvh, D, page_size, scale)
+    return out
