@@ -194,14 +194,14 @@ def test_bench_attention_runs_and_agrees_with_sdpa(tmp_path, capsys):
     assert "torch/sdpa" in table and "copy bandwidth" in table
     result = json.loads(path.read_text())
     assert result["benchmark"] == "attention" and result["device_type"] == "cpu" and result["dtype"] == "float32"
-    assert result["copy_bandwidth_gbs"] > 0 and result["backends"] == ["sdpa", "torch", "torch_plan"]
+    assert result["copy_bandwidth_gbs"] > 0 and result["backends"] == ["sdpa", "torch", "cpu", "torch_plan"]
     assert [(r["batch"], r["context"]) for r in result["results"]] == [(1, 20), (2, 20)]
     for row in result["results"]:
         # torch_plan (the per-step plan of the torch backend) is timed but is not attention: no bandwidth.
-        assert set(row["time_us"]) == {"sdpa", "torch", "torch_plan"} and row["ratio"]["torch/sdpa"] > 0
-        assert set(row["bandwidth_frac_of_copy"]) == {"sdpa", "torch"}
+        assert set(row["time_us"]) == {"sdpa", "torch", "cpu", "torch_plan"} and row["ratio"]["torch/sdpa"] > 0
+        assert row["ratio"]["cpu/sdpa"] > 0 and set(row["bandwidth_frac_of_copy"]) == {"sdpa", "torch", "cpu"}
         assert row["bytes"] == 4 * (2 * row["batch"] * 20 * 2 * 16 + 2 * row["batch"] * 4 * 16)
-        assert row["max_abs_err_vs_sdpa"]["torch"] < 1e-5
+        assert row["max_abs_err_vs_sdpa"]["torch"] < 1e-5 and row["max_abs_err_vs_sdpa"]["cpu"] < 1e-5
 
 
 @pytest.mark.parametrize("gather_bytes", [1, 10_000])

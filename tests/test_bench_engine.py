@@ -12,6 +12,7 @@ from conftest import random_model, random_prompts
 transformers = pytest.importorskip("transformers")
 
 from course_lib import EngineConfig  # noqa: E402
+from course_lib.attention import default_backend  # noqa: E402
 from course_lib.bench import engine as bench_engine  # noqa: E402
 from course_lib.bench.scheduler import bench_scheduler, format_results  # noqa: E402
 from course_lib.model.hf import from_hf  # noqa: E402
@@ -113,9 +114,14 @@ def test_run_benchmark_and_table(tmp_path):
     result = bench_engine.run_benchmark("random", num_prompts=3, max_tokens=3, repeats=1, threads=1,
                                         engines=("course_lib", "hf_static"), workloads=("uniform",))
     assert result["model"] == "random" and len(result["workloads"]) == 1
+    assert result["attention_backend"] == default_backend("cpu", torch.float32)  # what "auto" picks here
     table = bench_engine.format_table(result)
     assert "hf_static" in table and "uniform" in table
+    assert f"course_lib attention: {result['attention_backend']}" in table
     json.dumps(result)
+    forced = bench_engine.run_benchmark("random", num_prompts=2, max_tokens=2, repeats=1, threads=1,
+                                        engines=("course_lib",), workloads=("uniform",), attention="torch")
+    assert forced["attention_backend"] == "torch"
 
 
 def test_useful_tokens_and_agreement():

@@ -44,7 +44,7 @@ GPU_DEFAULTS = dict(batch=[1, 8, 64, 256], context=[512, 4096, 16384], dtype="bf
 CPU_DEFAULTS = dict(batch=[1, 8], context=[128, 512], dtype="float32")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-ALL_BACKENDS = ("sdpa", "torch", "triton", "flashinfer", "flash_attn")
+ALL_BACKENDS = ("sdpa", "torch", "cpu", "triton", "flashinfer", "flash_attn")
 NOT_ATTENTION = ("torch_plan",)  # timed alongside, but per step rather than per layer: no bandwidth
 
 
@@ -62,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=None, help="timed calls per backend (default: 50 CUDA, 20 CPU)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per backend first (compiles Triton)")
     p.add_argument("--backends", default=None,
-                   help=f"comma list from {','.join(ALL_BACKENDS)} (default: all that apply; triton only on CUDA)")
+                   help=f"comma list from {','.join(ALL_BACKENDS)} (default: all that apply; cpu only on the CPU, triton and the libraries only on CUDA)")
     p.add_argument("--heads", type=int, default=NUM_HEADS)
     p.add_argument("--kv-heads", type=int, default=NUM_KV_HEADS)
     p.add_argument("--head-dim", type=int, default=HEAD_DIM)
@@ -134,6 +134,11 @@ def make_backends(inputs, names, device, context):
                 plan = plan_decode(k_cache, bt, lens)
                 fns[name] = lambda: paged_decode_torch(q, k_cache, v_cache, bt, lens, scale, plan=plan)
                 fns["torch_plan"] = lambda: plan_decode(k_cache, bt, lens)
+            elif name == "cpu":
+                from ..attention.cpu_decode import paged_decode_cpu, plan_decode_cpu
+
+                cpu_plan = plan_decode_cpu(k_cache, bt, lens)  # made once per step in the engine
+                fns[name] = lambda: paged_decode_cpu(q, k_cache, v_cache, bt, lens, scale, plan=cpu_plan)
             elif name == "triton":
                 from ..attention.triton_decode import paged_decode_triton
 
@@ -274,8 +279,8 @@ def _run_config(row, batch, context, args, dtype, names, copy_bw):
     def ratio(a, b):  # median of per-call ratios: robust to a noisy, shared machine
         return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
-    pairs = [("torch", "sdpa"), ("triton", "sdpa"), ("triton", "torch"), ("triton", "flashinfer"),
-             ("triton", "flash_attn")]
+    pairs = [("torch", "sdpa"), ("cpu", "sdpa"), ("cpu", "torch"), ("triton", "sdpa"), ("triton", "torch"),
+             ("triton", "flashinfer"), ("triton", "flash_attn")]
     row.update(
         bytes=nbytes,
         time_us={name: t * 1e6 for name, t in med.items()},
@@ -296,7 +301,8 @@ def _run_config(row, batch, context, args, dtype, names, copy_bw):
 def format_table(rows, names) -> str:
     """One plain table: times, bandwidth as a fraction of copy bandwidth, and time ratios
     (below 1: the first backend is faster)."""
-    ratio_keys = [k for k in ("torch/sdpa", "triton/sdpa", "triton/torch", "triton/flashinfer", "triton/flash_attn")
+    ratio_keys = [k for k in ("torch/sdpa", "cpu/sdpa", "cpu/torch", "triton/sdpa", "triton/torch", "triton/flashinfer",
+                              "triton/flash_attn")
                   if any(k in r.get("ratio", {}) for r in rows)]
     header = (["batch", "context"] + [f"{n} us" for n in names]
               + [f"{n} %copy" for n in names if n != "sdpa" and n not in NOT_ATTENTION]
@@ -353,7 +359,7 @@ def main(argv=None) -> int:
             print(f"unknown backends {sorted(unknown)}; choose from {ALL_BACKENDS}", file=sys.stderr)
             return 2
     else:
-        names = ["sdpa", "torch"] + (["triton", "flashinfer", "flash_attn"] if cuda else [])
+        names = ["sdpa", "torch"] + (["triton", "flashinfer", "flash_attn"] if cuda else ["cpu"])
 
     from tqdm.auto import tqdm
 
