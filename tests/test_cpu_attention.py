@@ -63,7 +63,7 @@ def test_the_oracle_catches_a_broken_kernel(fresh_build, monkeypatch):
     """A check that cannot fail is a defect: build a kernel that reads every token from row 0
     of its page and watch the comparison with the torch backend fail."""
     source = cpu_decode.SOURCE.read_text()
-    broken = source.replace("t % page_size;", "0;")
+    broken = source.replace("* page_size + row;", "* page_size;")
     assert broken != source
     path = fresh_build / "broken.c"
     path.write_text(broken)
