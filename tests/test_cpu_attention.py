@@ -106,3 +106,31 @@ def test_auto_picks_the_kernel_only_where_it_applies():
     assert default_backend("cpu", torch.float32) == "cpu"
     assert default_backend("cpu", torch.float64) == "cpu"
     assert default_backend("cpu", torch.bfloat16) == "torch"  # no bf16 kernel: the torch backend serves it
+
+
+def test_large_calls_split_their_sequences_over_threads(monkeypatch):
+    """Each thread takes a run of whole sequences with its own scratch: the result is bit for bit
+    the single-threaded one."""
+    case = make_paged_case([5, 16, 17, 33, 9, 2, 40], 6, 2, 16, 8, dtype=torch.float64, seed=9)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.scale)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = cpu_decode.paged_decode_cpu(*args)
+        monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 1)
+        pieces, pool = [], cpu_decode._pool()
+
+        class CountingPool:
+            def submit(self, fn, *call):
+                pieces.append(call[11])  # the piece's number of sequences
+                return pool.submit(fn, *call)
+
+        monkeypatch.setattr(cpu_decode, "_pool", CountingPool)
+        assert cpu_decode.paged_decode_cpu(*args).equal(one) and pieces == []  # one thread: no pool
+        torch.set_num_threads(3)
+        many = cpu_decode.paged_decode_cpu(*args)
+    finally:
+        torch.set_num_threads(threads)
+    assert pieces == [2, 2, 3]
+    assert torch.equal(one, many)
+    assert_matches_oracle(many, case, 1e-10)

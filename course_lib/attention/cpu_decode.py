@@ -12,6 +12,7 @@ keyed by the source and the flags. No compiler: `available()` says False and why
 backend uses torch instead, and asking for "cpu" explicitly raises an error that says so.
 
 Decode only, float32 and float64; prefill under this backend uses the torch implementation.
+Large calls split their sequences over `torch.get_num_threads()` threads.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,8 +159,43 @@ def paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale, plan: C
     out = torch.empty(S, H, D, dtype=q.dtype)
     if S == 0:
         return out
-    scores = torch.empty(H * plan.max_len, dtype=q.dtype)  # scratch: one sequence's scores
-    lib.paged_decode(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                     plan.block_tables.data_ptr(), plan.block_tables.stride(0), plan.seq_lens.data_ptr(),
-                     out.data_ptr(), scores.data_ptr(), plan.slots.data_ptr(), S, H, kvh, D, page_size, scale)
+    workers = _workers(S, plan.max_len, H, D)
+    if workers == 1:
+        scores = torch.empty(H * plan.max_len, dtype=q.dtype)  # scratch: one sequence's scores
+        lib.paged_decode(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                         plan.block_tables.data_ptr(), plan.block_tables.stride(0), plan.seq_lens.data_ptr(),
+                         out.data_ptr(), scores.data_ptr(), plan.slots.data_ptr(), S, H, kvh, D, page_size, scale)
+        return out
+    # Sequences are independent: split them over threads, each with its own scratch. ctypes lets
+    # go of the GIL during the call, so the threads really run at once.
+    scores = torch.empty(workers, H * plan.max_len, dtype=q.dtype)
+    slots = torch.empty(workers, plan.max_len, dtype=torch.int64)
+    qsize, bt = q.element_size(), plan.block_tables
+    bounds = [S * i // workers for i in range(workers + 1)]
+    jobs = [_pool().submit(lib.paged_decode, q.data_ptr() + first * q.stride(0) * qsize, q.stride(0), q.stride(1),
+                           k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr() + first * bt.stride(0) * 4,
+                           bt.stride(0), plan.seq_lens.data_ptr() + first * 4, out[first].data_ptr(),
+                           scores[i].data_ptr(), slots[i].data_ptr(), last - first, H, kvh, D, page_size, scale)
+            for i, (first, last) in enumerate(zip(bounds, bounds[1:]))]
+    for job in jobs:
+        job.result()
     return out
+
+
+# Below this much work per thread (sequences x context x heads x head_dim multiply-adds), one
+# thread does it all: handing a piece to another thread costs tens of microseconds.
+PARALLEL_MIN_WORK = 2**20
+_executor: ThreadPoolExecutor | None = None
+
+
+def _workers(num_seqs: int, max_len: int, num_heads: int, head_dim: int) -> int:
+    """Threads for one call: torch's thread count, fewer when the work is small."""
+    work = num_seqs * max_len * num_heads * head_dim
+    return max(1, min(torch.get_num_threads(), num_seqs, work // PARALLEL_MIN_WORK))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="paged_decode")
+    return _executor
