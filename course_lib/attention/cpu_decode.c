@@ -10,7 +10,8 @@
  *
  * cpu_decode.py compiles this file twice, with SCALAR=float (EXP=expf) and SCALAR=double
  * (EXP=exp), for the machine it runs on (-march=native), and calls `paged_decode` through
- * ctypes. Single-threaded, like the benchmarks that use it.
+ * ctypes. One call runs on one thread; cpu_decode.py splits large calls into runs of whole
+ * sequences, one per thread.
  *
  * Layouts: q [S, H, D] with strides (q_seq_stride, q_head_stride, 1), so a strided view into a
  * fused qkv projection works as is; k_cache, v_cache [num_pages, page_size, KVH, D] and
