@@ -53,6 +53,10 @@ def test_bad_input_is_named():
     too_long = case.block_tables.shape[1] * 4 + 1  # one token more than the table can map
     with pytest.raises(ValueError, match=rf"seq_lens must be in 1\.\.{too_long - 1} \(table width x page size\)"):
         cpu_decode.paged_decode_cpu(case.q, *args, torch.tensor([3, too_long], dtype=torch.int32), 1.0)
+    wild = case.block_tables.clone()
+    wild[1, 0] = case.k_cache.shape[0]  # one past the last page, in a page sequence 1 reads
+    with pytest.raises(ValueError, match=r"page ids outside 0\.\.\d+ where a sequence reads"):
+        cpu_decode.paged_decode_cpu(case.q, case.k_cache, case.v_cache, wild, case.seq_lens, 1.0)
     with pytest.raises(ValueError, match="must be int32"):
         cpu_decode.paged_decode_cpu(case.q, *args, case.seq_lens.long(), 1.0)
     with pytest.raises(ValueError, match="does not fit caches"):

@@ -129,10 +129,16 @@ def plan_decode_cpu(k_cache, block_tables, seq_lens) -> CpuDecodePlan:
     """Check the step's tables and lengths once, for all layers (the engine calls this once a step)."""
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError(f"block_tables and seq_lens must be int32, got {block_tables.dtype} and {seq_lens.dtype}")
-    capacity = block_tables.shape[1] * k_cache.shape[1]
+    num_pages, page_size = k_cache.shape[:2]
+    capacity = block_tables.shape[1] * page_size
     lo, hi = (int(seq_lens.min()), int(seq_lens.max())) if seq_lens.numel() else (1, 1)
     if lo < 1 or hi > capacity:
         raise ValueError(f"seq_lens must be in 1..{capacity} (table width x page size), got {lo}..{hi}")
+    # The kernel trusts every page id a sequence reads: check them here, once a step, because C
+    # would read out of bounds where torch's index_select raises.
+    read = torch.arange(block_tables.shape[1])[None, :] < (seq_lens[:, None] + page_size - 1) // page_size
+    if bool((read & ((block_tables < 0) | (block_tables >= num_pages))).any()):
+        raise ValueError(f"block_tables holds page ids outside 0..{num_pages - 1} where a sequence reads")
     return CpuDecodePlan(block_tables.contiguous(), seq_lens.contiguous(), hi, torch.empty(hi, dtype=torch.int64))
 
 
