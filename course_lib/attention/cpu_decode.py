@@ -8,7 +8,7 @@ it). The kernel reads each key and value once, in place, through the block table
 
 The source is compiled on first use with the system C compiler (`$CC`, else `cc`), in about a
 second, and cached under `$COURSE_LIB_KERNEL_CACHE` (default `~/.cache/course_lib/kernels`),
-keyed by the source and the flags. No compiler: `available()` says False and why, the "auto"
+keyed by the source, the flags and the CPU. No compiler: `available()` says False and why, the "auto"
 backend uses torch instead, and asking for "cpu" explicitly raises an error that says so.
 
 Decode only, float32 and float64; prefill under this backend uses the torch implementation.
