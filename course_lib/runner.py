@@ -65,24 +65,12 @@ def backend_functions(backend: str, device, dtype: torch.dtype | None = None):
     The torch and cpu backends' also take a per-step `plan=` and say how to make one (`make_plan`).
     "auto" resolves with `default_backend(device, dtype)`; `resolve_backend` says to what."""
     backend = resolve_backend(backend, device, dtype)
-    if backend in ("torch", "cpu"):
-        def prefill_fn(q, kc, vc, bt, qsl, lens, scale, plan=None):
-            return paged_prefill_torch(q, kc, vc, bt, qsl, lens, scale, plan=plan)
+    if backend == "cpu":  # the C kernel decodes; prefill stays torch's
+        from .attention.cpu_decode import paged_decode_cpu, plan_decode_cpu
 
-        prefill_fn.make_plan = plan_prefill
-        if backend == "cpu":  # the C kernel decodes; prefill stays torch's
-            from .attention.cpu_decode import paged_decode_cpu, plan_decode_cpu
-
-            def decode_fn(q, kc, vc, bt, lens, scale, plan=None):
-                return paged_decode_cpu(q, kc, vc, bt, lens, scale, plan=plan)
-
-            decode_fn.make_plan = plan_decode_cpu
-        else:
-            def decode_fn(q, kc, vc, bt, lens, scale, plan=None):
-                return paged_decode_torch(q, kc, vc, bt, lens, scale, plan=plan)
-
-            decode_fn.make_plan = plan_decode
-        return decode_fn, prefill_fn
+        return _with_plan(paged_decode_cpu, plan_decode_cpu), _with_plan(paged_prefill_torch, plan_prefill)
+    if backend == "torch":
+        return _with_plan(paged_decode_torch, plan_decode), _with_plan(paged_prefill_torch, plan_prefill)
 
     def decode_fn(q, kc, vc, bt, lens, scale):
         return paged_decode(q, kc, vc, bt, lens, scale, backend=backend)
@@ -91,6 +79,16 @@ def backend_functions(backend: str, device, dtype: torch.dtype | None = None):
         return paged_prefill(q, kc, vc, bt, qsl, lens, scale, backend=backend)
 
     return decode_fn, prefill_fn
+
+
+def _with_plan(fn, make_plan):
+    """`fn` (which takes a per-step `plan=`) with `make_plan` attached for `_PlannedCall`; a new
+    function each time, so the backend's own function is never marked."""
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    call.make_plan = make_plan
+    return call
 
 
 def resolve_backend(backend: str, device, dtype: torch.dtype | None = None) -> str:
