@@ -122,7 +122,6 @@ class CpuDecodePlan:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     max_len: int
-    slots: torch.Tensor  # scratch for the kernel: one sequence's slot numbers
 
 
 def plan_decode_cpu(k_cache, block_tables, seq_lens) -> CpuDecodePlan:
@@ -139,7 +138,7 @@ def plan_decode_cpu(k_cache, block_tables, seq_lens) -> CpuDecodePlan:
     read = torch.arange(block_tables.shape[1])[None, :] < (seq_lens[:, None] + page_size - 1) // page_size
     if bool((read & ((block_tables < 0) | (block_tables >= num_pages))).any()):
         raise ValueError(f"block_tables holds page ids outside 0..{num_pages - 1} where a sequence reads")
-    return CpuDecodePlan(block_tables.contiguous(), seq_lens.contiguous(), hi, torch.empty(hi, dtype=torch.int64))
+    return CpuDecodePlan(block_tables.contiguous(), seq_lens.contiguous(), hi)
 
 
 def paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale, plan: CpuDecodePlan | None = None):
@@ -166,22 +165,24 @@ def paged_decode_cpu(q, k_cache, v_cache, block_tables, seq_lens, scale, plan: C
     if S == 0:
         return out
     workers = _workers(S, plan.max_len, H, D)
+    scores = torch.empty(workers, H * plan.max_len, dtype=q.dtype)  # scratch per thread: one sequence's
+    slots = torch.empty(workers, plan.max_len, dtype=torch.int64)  # scores and slot numbers
+    bt, lens = plan.block_tables, plan.seq_lens
+
+    def piece(i, first, last):
+        """The kernel's arguments for sequences first..last-1, with scratch row i."""
+        return (q.data_ptr() + first * q.stride(0) * q.element_size(), q.stride(0), q.stride(1),
+                k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr() + first * bt.stride(0) * bt.element_size(),
+                bt.stride(0), lens.data_ptr() + first * lens.element_size(), out[first].data_ptr(),
+                scores[i].data_ptr(), slots[i].data_ptr(), last - first, H, kvh, D, page_size, scale)
+
     if workers == 1:
-        scores = torch.empty(H * plan.max_len, dtype=q.dtype)  # scratch: one sequence's scores
-        lib.paged_decode(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                         plan.block_tables.data_ptr(), plan.block_tables.stride(0), plan.seq_lens.data_ptr(),
-                         out.data_ptr(), scores.data_ptr(), plan.slots.data_ptr(), S, H, kvh, D, page_size, scale)
+        lib.paged_decode(*piece(0, 0, S))
         return out
-    # Sequences are independent: split them over threads, each with its own scratch. ctypes lets
-    # go of the GIL during the call, so the threads really run at once.
-    scores = torch.empty(workers, H * plan.max_len, dtype=q.dtype)
-    slots = torch.empty(workers, plan.max_len, dtype=torch.int64)
-    qsize, bt = q.element_size(), plan.block_tables
+    # Sequences are independent: split them over threads. ctypes lets go of the GIL during the
+    # call, so the threads really run at once.
     bounds = [S * i // workers for i in range(workers + 1)]
-    jobs = [_pool().submit(lib.paged_decode, q.data_ptr() + first * q.stride(0) * qsize, q.stride(0), q.stride(1),
-                           k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr() + first * bt.stride(0) * 4,
-                           bt.stride(0), plan.seq_lens.data_ptr() + first * 4, out[first].data_ptr(),
-                           scores[i].data_ptr(), slots[i].data_ptr(), last - first, H, kvh, D, page_size, scale)
+    jobs = [_pool().submit(lib.paged_decode, *piece(i, first, last))
             for i, (first, last) in enumerate(zip(bounds, bounds[1:]))]
     for job in jobs:
         job.result()
