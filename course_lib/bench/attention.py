@@ -45,6 +45,9 @@ CPU_DEFAULTS = dict(batch=[1, 8], context=[128, 512], dtype="float32")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 ALL_BACKENDS = ("sdpa", "torch", "cpu", "triton", "flashinfer", "flash_attn")
+# Time ratios each row reports (a/b below 1: a is faster), in table order.
+RATIOS = (("torch", "sdpa"), ("cpu", "sdpa"), ("cpu", "torch"), ("triton", "sdpa"), ("triton", "torch"),
+          ("triton", "flashinfer"), ("triton", "flash_attn"))
 NOT_ATTENTION = ("torch_plan",)  # timed alongside, but per step rather than per layer: no bandwidth
 
 
@@ -62,7 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=None, help="timed calls per backend (default: 50 CUDA, 20 CPU)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per backend first (compiles Triton)")
     p.add_argument("--backends", default=None,
-                   help=f"comma list from {','.join(ALL_BACKENDS)} (default: all that apply; cpu only on the CPU, triton and the libraries only on CUDA)")
+                   help=f"comma list from {','.join(ALL_BACKENDS)} (default: all that apply; cpu only on "
+                        "the CPU, triton and the libraries only on CUDA)")
     p.add_argument("--heads", type=int, default=NUM_HEADS)
     p.add_argument("--kv-heads", type=int, default=NUM_KV_HEADS)
     p.add_argument("--head-dim", type=int, default=HEAD_DIM)
@@ -279,14 +283,12 @@ def _run_config(row, batch, context, args, dtype, names, copy_bw):
     def ratio(a, b):  # median of per-call ratios: robust to a noisy, shared machine
         return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
-    pairs = [("torch", "sdpa"), ("cpu", "sdpa"), ("cpu", "torch"), ("triton", "sdpa"), ("triton", "torch"),
-             ("triton", "flashinfer"), ("triton", "flash_attn")]
     row.update(
         bytes=nbytes,
         time_us={name: t * 1e6 for name, t in med.items()},
         bandwidth_gbs={name: nbytes / t / 1e9 for name, t in med.items() if name not in NOT_ATTENTION},
         bandwidth_frac_of_copy={name: nbytes / t / copy_bw for name, t in med.items() if name not in NOT_ATTENTION},
-        ratio={f"{a}/{b}": ratio(a, b) for a, b in pairs if a in times and b in times},
+        ratio={f"{a}/{b}": ratio(a, b) for a, b in RATIOS if a in times and b in times},
         max_abs_err_vs_sdpa=errors,
         unavailable=unavailable,
     )
@@ -301,9 +303,7 @@ def _run_config(row, batch, context, args, dtype, names, copy_bw):
 def format_table(rows, names) -> str:
     """One plain table: times, bandwidth as a fraction of copy bandwidth, and time ratios
     (below 1: the first backend is faster)."""
-    ratio_keys = [k for k in ("torch/sdpa", "cpu/sdpa", "cpu/torch", "triton/sdpa", "triton/torch", "triton/flashinfer",
-                              "triton/flash_attn")
-                  if any(k in r.get("ratio", {}) for r in rows)]
+    ratio_keys = [f"{a}/{b}" for a, b in RATIOS if any(f"{a}/{b}" in r.get("ratio", {}) for r in rows)]
     header = (["batch", "context"] + [f"{n} us" for n in names]
               + [f"{n} %copy" for n in names if n != "sdpa" and n not in NOT_ATTENTION]
               + ["sdpa %copy"] + ratio_keys + (["splits"] if "triton" in names else []))
