@@ -56,10 +56,9 @@ def from_hf(hf_model, *, max_model_len: int | None = None) -> Transformer:
     try:
         state, used = from_hf_names(named, cfg)
     except KeyError as missing:
-        name = missing.args[0]
-        hf_name = name if name == "lm_head.weight" else "model." + name
-        raise ValueError(f"{architecture}: weight {hf_name!r} is missing from the Hugging Face model") from None
-    unused = {n if n == "lm_head.weight" else "model." + n for n in set(named) - used}
+        raise ValueError(f"{architecture}: weight {_full_name(missing.args[0])!r} is missing from the Hugging Face "
+                         "model") from None
+    unused = {_full_name(n) for n in set(named) - used}
     if unused:
         raise ValueError(
             f"{architecture}: the Hugging Face model has weights course_lib does not use, so its outputs "
@@ -230,6 +229,11 @@ def _int_or_list(value):
         return value
     values = [int(v) for v in value]
     return values[0] if len(values) == 1 else values
+
+
+def _full_name(name: str) -> str:
+    """A `model.weights` (HF-style) name as LlamaForCausalLM spells it: all but lm_head under "model."."""
+    return name if name == "lm_head.weight" else "model." + name
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
