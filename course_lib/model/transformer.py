@@ -62,9 +62,9 @@ class DecoderLayer(nn.Module):
       one go. `model.weights` converts to and from Hugging Face's separate matrices.
     - **Weights as plain parameters, the forward as plain functions**, not a tree of nn.Linear
       submodules. In a decode step each sequence brings one token, so a matmul is a few
-      microseconds, and calling a submodule costs about as much again; the tiny model made ~40
-      such calls per step. Together these halve the time of a small decode step (measured in
-      docs/engine_benchmark.md); the outputs are bit-identical."""
+      microseconds, and calling a submodule costs about as much again; the tiny model made ~50
+      such calls per step. Together these cut a one-token forward pass (attention aside) by about
+      30% here (docs/engine_benchmark.md); the outputs are bit-identical."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
