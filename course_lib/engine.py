@@ -135,7 +135,8 @@ class LLMEngine:
             self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(mc.num_layers)]
             backend = attention if attention is not None else config.attention_backend
             self.runner = ModelRunner(self.model, self.kv, self.k_caches, self.v_caches,
-                                      scratch_page=self.pool.num_pages, attention=backend, seed=config.seed)
+                                      scratch_page=self.pool.num_pages, attention=backend, seed=config.seed,
+                                      forward=config.forward)
 
         self.clock = clock if clock is not None else WallClock()
         self.requests: dict[str, Request] = {}

@@ -20,6 +20,10 @@ class EngineConfig:
     # "auto" (triton on CUDA; on CPUs the C kernel "cpu" when it builds, else torch), "torch",
     # "reference", "triton", "cpu"
     attention_backend: str = "auto"
+    # How a step's forward pass runs: "eager" (the PyTorch model in transformer.py, attention
+    # through attention_backend), "cpu" (the whole step in one C call, model/cpu_forward.py),
+    # "auto" (cpu where the "cpu" attention backend runs and no custom attention is given)
+    forward: str = "auto"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # for unseeded sampled requests
     record_page_owners: bool = False  # keep a page->request map per step (for the page-pool plot)
@@ -41,6 +45,8 @@ class EngineConfig:
              f"preemption must be 'recompute' or 'fail', got {self.preemption!r}"),
             (self.attention_backend in ("auto", "torch", "reference", "triton", "cpu"),
              f"attention_backend must be auto, torch, reference, triton or cpu, got {self.attention_backend!r}"),
+            (self.forward in ("auto", "eager", "cpu"),
+             f"forward must be auto, eager or cpu, got {self.forward!r}"),
         ]
         for ok, message in checks:
             if not ok:

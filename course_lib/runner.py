@@ -96,7 +96,8 @@ def resolve_backend(backend: str, device, dtype: torch.dtype | None = None) -> s
 
 
 class ModelRunner:
-    def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0):
+    def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0,
+                 forward: str = "auto"):
         self.model, self.kv = model, kv
         self.k_caches, self.v_caches, self.scratch_page = k_caches, v_caches, scratch_page
         self.device = model.device
@@ -113,8 +114,27 @@ class ModelRunner:
                     raise ValueError(f"attention_backend 'cpu' needs the model on the CPU, not {self.device}")
                 load_kernel(model.dtype)
             self.decode_fn, self.prefill_fn = backend_functions(self.attention_backend, self.device)
+        self.forward, self.cpu_forward = self._choose_forward(forward, callable(attention))
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.pad_token_id = model.config.pad_token_id or 0
+
+    def _choose_forward(self, forward: str, custom_attention: bool):
+        """("eager", None): the PyTorch model with PagedAttend; ("cpu", CpuForward): the whole step
+        in C. "auto" takes the C step where the "cpu" attention backend runs (same machine, same
+        dtypes, a compiler) and this PyTorch exports its BLAS; a custom attention function always
+        gets the PyTorch model, which is where it plugs in."""
+        from .model.cpu_forward import CpuForward, available
+
+        if forward == "eager" or (forward == "auto" and (custom_attention or self.attention_backend != "cpu"
+                                                         or not available(self.model.dtype)[0])):
+            return "eager", None
+        if custom_attention:
+            raise ValueError("forward='cpu' computes attention itself: it cannot use a custom attention function "
+                             "(use forward='eager')")
+        if self.attention_backend != "cpu":
+            raise ValueError(f"forward='cpu' attends with the cpu kernel, but the attention backend is "
+                             f"{self.attention_backend!r} (use forward='eager', or attention_backend 'cpu'/'auto')")
+        return "cpu", CpuForward(self.model, self.k_caches, self.v_caches)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: dict) -> dict[str, int]:
@@ -147,21 +167,22 @@ class ModelRunner:
                 sampling.append(request)
         width = max(len(t) for t in tables)
         dev = self.device
-        meta = {
-            "slot_mapping": torch.tensor(slots, dtype=torch.long, device=dev),
-            "block_tables": torch.tensor([t + [self.scratch_page] * (width - len(t)) for t in tables],
-                                         dtype=torch.int32, device=dev),
-            "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            "query_start_loc": torch.tensor(starts, dtype=torch.int32, device=dev),
-            "num_decodes": num_decodes,
-        }
-        attend = PagedAttend(self.k_caches, self.v_caches, meta, self.decode_fn, self.prefill_fn, self.scale)
-        logits = self.model(
-            torch.tensor(ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            attend,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
-        )
+        slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
+        block_tables = torch.tensor([t + [self.scratch_page] * (width - len(t)) for t in tables],
+                                    dtype=torch.int32, device=dev)
+        seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+        query_start_loc = torch.tensor(starts, dtype=torch.int32, device=dev)
+        ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(positions, dtype=torch.long, device=dev)
+        logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
+        if self.cpu_forward is not None:
+            logits = self.cpu_forward(ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+                                      logits_rows)
+        else:
+            meta = {"slot_mapping": slot_mapping, "block_tables": block_tables, "seq_lens": seq_lens,
+                    "query_start_loc": query_start_loc, "num_decodes": num_decodes}
+            attend = PagedAttend(self.k_caches, self.v_caches, meta, self.decode_fn, self.prefill_fn, self.scale)
+            logits = self.model(ids, positions, attend, logits_indices=logits_rows)
         if not sampling:
             return {}
         tokens = sample(logits, sampling, self.generator)

@@ -19,8 +19,8 @@ from test_attention_backends import TOLERANCE, assert_matches_oracle, make_paged
 def fresh_build(monkeypatch, tmp_path):
     """The kernel module as if never built: empty cache folder, no loaded library, no error."""
     monkeypatch.setenv("COURSE_LIB_KERNEL_CACHE", str(tmp_path / "kernels"))
-    monkeypatch.setattr(cpu_decode, "_libraries", {})
-    monkeypatch.setattr(cpu_decode, "_build_error", None)
+    monkeypatch.setattr(cpu_decode.KERNEL, "libraries", {})
+    monkeypatch.setattr(cpu_decode.KERNEL, "error", None)
     return tmp_path
 
 
@@ -71,7 +71,7 @@ def test_the_oracle_catches_a_broken_kernel(fresh_build, monkeypatch):
     assert broken != source
     path = fresh_build / "broken.c"
     path.write_text(broken)
-    monkeypatch.setattr(cpu_decode, "SOURCE", path)
+    monkeypatch.setattr(cpu_decode.KERNEL, "source", path)
     case = make_paged_case([6, 11], 4, 2, 8, 4, dtype=torch.float64, seed=2)
     wrong = cpu_decode.paged_decode_cpu(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
                                         case.scale)
@@ -84,7 +84,7 @@ def test_built_once_then_loaded_from_the_cache(fresh_build):
     built = sorted((fresh_build / "kernels").glob("*.so"))
     assert len(built) == 1 and "float" in built[0].name
     stamp = built[0].stat().st_mtime_ns
-    cpu_decode._libraries.clear()
+    cpu_decode.KERNEL.libraries.clear()
     assert cpu_decode.available() == (True, "")
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
 

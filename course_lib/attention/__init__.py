@@ -74,7 +74,8 @@ def default_backend(device: torch.device | str, dtype: torch.dtype | None = None
         except ImportError:
             return "torch"
     if torch.device(device).type == "cpu":
-        from .cpu_decode import DTYPES, available
+        from ..native import DTYPES
+        from .cpu_decode import available
 
         if (dtype is None or dtype in DTYPES) and available()[0]:
             return "cpu"

@@ -6,10 +6,9 @@ first gathers every sequence's keys and values into a dense copy, then runs batc
 at these sizes the copy and each small matmul's fixed cost dominate (bench attention measures
 it). The kernel reads each key and value once, in place, through the block table.
 
-The source is compiled on first use with the system C compiler (`$CC`, else `cc`), in about a
-second, and cached under `$COURSE_LIB_KERNEL_CACHE` (default `~/.cache/course_lib/kernels`),
-keyed by the source, the flags and the CPU. No compiler: `available()` says False and why, the "auto"
-backend uses torch instead, and asking for "cpu" explicitly raises an error that says so.
+The source is compiled on first use with the system C compiler and cached (`course_lib.native`
+says how and where). No compiler: `available()` says False and why, the "auto" backend uses
+torch instead, and asking for "cpu" explicitly raises an error that says so.
 
 Decode only, float32 and float64; prefill under this backend uses the torch implementation.
 Large calls split their sequences over `torch.get_num_threads()` threads.
@@ -17,102 +16,37 @@ Large calls split their sequences over `torch.get_num_threads()` threads.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..native import DTYPES, Kernel
+
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-DTYPES = {torch.float32: ("float", "expf", ctypes.c_float), torch.float64: ("double", "exp", ctypes.c_double)}
-FLAGS = ("-O3", "-funroll-loops", "-fPIC", "-shared", "-fopenmp-simd", "-std=c99")
-# Tuned for this CPU (AVX2 and FMA where it has them: ~1.5x faster than the x86-64 baseline
-# here); compilers that refuse the flag build without it. The cache key includes the CPU, so a
-# home folder shared by different machines never loads a library built for another CPU.
-NATIVE = ("-march=native",)
-
-_libraries: dict[torch.dtype, ctypes.CDLL] = {}
-_build_error: str | None = None
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("COURSE_LIB_KERNEL_CACHE") or Path.home() / ".cache" / "course_lib" / "kernels")
+def _declare(lib: ctypes.CDLL, c_scalar) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.paged_decode.restype = None
+    lib.paged_decode.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+                                 c_scalar]
 
 
-def _compile(scalar: str, exp: str) -> Path:
-    """Path of the shared library for one scalar type, compiled unless already cached."""
-    compiler = os.environ.get("CC") or "cc"
-    defines = (f"-DSCALAR={scalar}", f"-DEXP={exp}")
-    recipe = repr((compiler, FLAGS, NATIVE, defines, _cpu())).encode()
-    key = hashlib.sha256(SOURCE.read_bytes() + recipe).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode_{scalar}_{key}.so"
-    if target.exists():
-        return target
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C compiler: {compiler!r} is not on PATH (set $CC to one)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        for extra in (NATIVE, ()):
-            cmd = [compiler, *FLAGS, *defines, *extra, str(SOURCE), "-o", str(built), "-lm"]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode == 0:
-                break
-        else:
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {' '.join(cmd)}\n{result.stderr.strip()[-2000:]}")
-        os.replace(built, target)  # atomic: a concurrent build never sees half a file
-    return target
-
-
-def _cpu() -> str:
-    """What identifies this CPU for -march=native: its architecture and feature flags."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()} {flags.strip()}"
+KERNEL = Kernel(SOURCE, "the cpu attention backend", _declare)
 
 
 def load_kernel(dtype: torch.dtype) -> ctypes.CDLL:
     """The compiled kernel for `dtype` (built on first use); ValueError for an unsupported dtype,
     RuntimeError (saying why) when it cannot be built."""
-    global _build_error
-    if dtype not in DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
-        raise ValueError(f"the cpu attention backend supports {names}, not {str(dtype).removeprefix('torch.')}")
-    if dtype in _libraries:
-        return _libraries[dtype]
-    if _build_error is not None:
-        raise RuntimeError(f"the cpu attention backend is unavailable: {_build_error}")
-    scalar, exp, c_scalar = DTYPES[dtype]
-    try:
-        lib = ctypes.CDLL(str(_compile(scalar, exp)))
-    except (OSError, RuntimeError) as err:
-        _build_error = str(err)
-        raise RuntimeError(f"the cpu attention backend is unavailable: {err}") from None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.paged_decode.restype = None
-    lib.paged_decode.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
-                                 c_scalar]
-    _libraries[dtype] = lib
-    return lib
+    return KERNEL.load(dtype)
 
 
 def available() -> tuple[bool, str]:
     """(True, "") when the kernel is built (or builds now) for float32; else (False, the reason)."""
-    try:
-        load_kernel(torch.float32)
-        return True, ""
-    except RuntimeError as err:
-        return False, str(err)
+    return KERNEL.available()
 
 
 @dataclass

@@ -1,0 +1,194 @@
+/* One engine step of a Llama-family model in one C call: the "cpu" forward.
+ *
+ * Why: the tiny model's layers are [128 x 384]-sized, so in a decode step every PyTorch op
+ * (there are ~200 per step: norms, RoPE, K/V writes, attention, SwiGLU, residuals) costs far
+ * more in dispatch than in arithmetic; with a handful of requests running, a step was ~2 ms
+ * of which the arithmetic is ~0.1 ms. This file does the same computation as
+ * transformer.py + runner.PagedAttend, in the same order, in one call: the matrix products go
+ * to the BLAS that PyTorch itself uses (MKL's sgemm_/dgemm_, passed in as a function pointer),
+ * attention is cpu_decode.c's paged_decode, everything else is a plain loop.
+ *
+ * cpu_forward.py compiles it per SCALAR (float, double) like cpu_decode.c and checks its
+ * results against the PyTorch model (tests/test_cpu_forward.py).
+ *
+ * Layouts, all contiguous, T tokens in the flat batch, S sequences:
+ *   ids, positions, slot_mapping: int64 [T]; block_tables int32 [S, table_width];
+ *   seq_lens int32 [S] (tokens cached after this step); query_start int32 [S + 1] (sequence s
+ *   owns rows query_start[s] .. query_start[s+1]-1, the last tokens of its seq_lens[s]);
+ *   logit_rows int64 [R] -> logits [R, vocab];
+ *   layers: int64 [num_layers, LAYER_FIELDS], the addresses of each layer's weights (PyTorch's
+ *   [out, in] layout) and its K/V cache [num_pages, page_size, KV, D];
+ *   cos_table, sin_table: [table_len, D] from rope.rope_cos_sin (sin with its first half negated).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_decode.c" /* paged_decode, SCALAR, EXP */
+
+enum { INPUT_NORM, QKV, QKV_BIAS, O_PROJ, POST_NORM, GATE_UP, DOWN, K_CACHE, V_CACHE, LAYER_FIELDS };
+
+/* What forward_step returns: 0, or which input was out of range (nothing was written). */
+enum { OK = 0, NO_MEMORY, BAD_TOKEN, BAD_POSITION, BAD_SLOT, BAD_PAGE, BAD_LENGTHS, BAD_ROW };
+
+/* Fortran BLAS: column-major, every argument by address. */
+typedef void (*gemm_t)(const char *transa, const char *transb, const int *m, const int *n, const int *k,
+                       const SCALAR *alpha, const SCALAR *a, const int *lda, const SCALAR *b, const int *ldb,
+                       const SCALAR *beta, SCALAR *c, const int *ldc);
+
+/* y[T, N] (+)= x[T, K] w[N, K]^T, x rows `x_stride` apart: F.linear. A row-major [T, N] matrix
+ * is a column-major [N, T] one, so BLAS computes y^T = w x^T, with w "transposed" (its rows
+ * are w's rows) and x as is. accumulate=1 adds to y: the residual connection for free. */
+static void linear(gemm_t gemm, const SCALAR *x, int64_t x_stride, const SCALAR *w, SCALAR *y,
+                   int64_t T, int64_t N, int64_t K, int accumulate)
+{
+    const int m = (int)N, n = (int)T, k = (int)K, ldb = (int)x_stride;
+    const SCALAR one = 1, beta = accumulate ? 1 : 0;
+    gemm("T", "N", &m, &n, &k, &one, w, &k, x, &ldb, &beta, y, &m);
+}
+
+/* transformer.rms_norm: normalised in float32 whatever SCALAR is, then scaled by the weight. */
+static void rms_norm(const SCALAR *x, const SCALAR *weight, SCALAR *out, int64_t n, float eps)
+{
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++)
+        sum += (float)x[i] * (float)x[i];
+    const float r = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = weight[i] * (SCALAR)((float)x[i] * r);
+}
+
+/* rope.apply_rope on one head, in place: x * cos + roll(x, D/2) * signed_sin. */
+static void rope(SCALAR *x, const SCALAR *cos, const SCALAR *sin, int64_t D)
+{
+    const int64_t half = D / 2;
+    for (int64_t d = 0; d < half; d++) {
+        const SCALAR a = x[d], b = x[d + half];
+        x[d] = a * cos[d] + b * sin[d];
+        x[d + half] = b * cos[d + half] + a * sin[d + half];
+    }
+}
+
+/* Everything is checked before anything is written, so a bad step leaves the caches as they
+ * were; C would otherwise read or write out of bounds where PyTorch raises. */
+static int check_inputs(const int64_t *ids, const int64_t *positions, const int64_t *slot_mapping, int64_t T,
+                        const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
+                        const int32_t *query_start, int64_t S, const int64_t *logit_rows, int64_t R,
+                        int64_t vocab, int64_t table_len, int64_t num_slots, int64_t num_pages, int64_t page_size)
+{
+    for (int64_t t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= vocab)
+            return BAD_TOKEN;
+        if (positions[t] < 0 || positions[t] >= table_len)
+            return BAD_POSITION;
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots)
+            return BAD_SLOT;
+    }
+    if (query_start[0] != 0 || query_start[S] != T)
+        return BAD_LENGTHS;
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t rows = query_start[s + 1] - query_start[s], n = seq_lens[s];
+        if (rows < 1 || n < rows || n > table_width * page_size)
+            return BAD_LENGTHS;
+        for (int64_t p = 0; p < (n + page_size - 1) / page_size; p++)
+            if (block_tables[s * table_width + p] < 0 || block_tables[s * table_width + p] >= num_pages)
+                return BAD_PAGE;
+    }
+    for (int64_t r = 0; r < R; r++)
+        if (logit_rows[r] < 0 || logit_rows[r] >= T)
+            return BAD_ROW;
+    return OK;
+}
+
+int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *slot_mapping, int64_t T,
+                 const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
+                 const int32_t *query_start, int64_t S, const int64_t *logit_rows, int64_t R, SCALAR *logits,
+                 const SCALAR *embed, const SCALAR *final_norm, const SCALAR *lm_head, const int64_t *layers,
+                 int64_t num_layers, const SCALAR *cos_table, const SCALAR *sin_table, int64_t table_len,
+                 int64_t hidden, int64_t inter, int64_t H, int64_t KV, int64_t D, int64_t vocab,
+                 int64_t num_pages, int64_t page_size, float eps, SCALAR scale, gemm_t gemm)
+{
+    int status = check_inputs(ids, positions, slot_mapping, T, block_tables, table_width, seq_lens, query_start,
+                              S, logit_rows, R, vocab, table_len, num_pages * page_size, num_pages, page_size);
+    if (status != OK || T == 0)
+        return status;
+    int64_t max_len = 1;
+    for (int64_t s = 0; s < S; s++)
+        max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+
+    const int64_t QKV_W = (H + 2 * KV) * D, slot_size = KV * D;
+    /* One allocation for every activation of the step. */
+    const int64_t sizes[] = {T * hidden, T * hidden, T * QKV_W, T * H * D, T * 2 * inter, H * max_len};
+    int64_t total = 0;
+    for (int i = 0; i < 6; i++)
+        total += sizes[i];
+    SCALAR *work = malloc(total * sizeof(SCALAR));
+    int64_t *slots = malloc(max_len * sizeof(int64_t));
+    if (work == NULL || slots == NULL) {
+        free(work);
+        free(slots);
+        return NO_MEMORY;
+    }
+    SCALAR *x = work, *xn = x + sizes[0], *qkv = xn + sizes[1], *attn = qkv + sizes[2], *gate_up = attn + sizes[3];
+    SCALAR *scores = gate_up + sizes[4];
+
+    for (int64_t t = 0; t < T; t++)
+        memcpy(x + t * hidden, embed + ids[t] * hidden, hidden * sizeof(SCALAR));
+
+    for (int64_t l = 0; l < num_layers; l++) {
+        const int64_t *w = layers + l * LAYER_FIELDS;
+        const SCALAR *qkv_bias = (const SCALAR *)w[QKV_BIAS];
+        SCALAR *k_cache = (SCALAR *)w[K_CACHE], *v_cache = (SCALAR *)w[V_CACHE];
+
+        /* x += o_proj(attention(rope(qkv_proj(rms_norm(x))))) */
+        for (int64_t t = 0; t < T; t++)
+            rms_norm(x + t * hidden, (const SCALAR *)w[INPUT_NORM], xn + t * hidden, hidden, eps);
+        linear(gemm, xn, hidden, (const SCALAR *)w[QKV], qkv, T, QKV_W, hidden, 0);
+        for (int64_t t = 0; t < T; t++) {
+            SCALAR *row = qkv + t * QKV_W;
+            if (qkv_bias != NULL)
+                for (int64_t i = 0; i < QKV_W; i++)
+                    row[i] += qkv_bias[i];
+            const SCALAR *cos = cos_table + positions[t] * D, *sin = sin_table + positions[t] * D;
+            for (int64_t h = 0; h < H + KV; h++) /* the q heads, then the k heads */
+                rope(row + h * D, cos, sin, D);
+            /* runner.write_kv: this token's keys and values into its slot */
+            memcpy(k_cache + slot_mapping[t] * slot_size, row + H * D, slot_size * sizeof(SCALAR));
+            memcpy(v_cache + slot_mapping[t] * slot_size, row + (H + KV) * D, slot_size * sizeof(SCALAR));
+        }
+        /* Each query row attends to its sequence's tokens up to and including itself: a decode
+         * row to all seq_lens[s], the rows of a prefill chunk to fewer (causal). */
+        for (int64_t s = 0; s < S; s++) {
+            const int64_t last = query_start[s + 1] - 1;
+            for (int64_t r = query_start[s]; r <= last; r++) {
+                const int32_t visible = seq_lens[s] - (int32_t)(last - r);
+                paged_decode(qkv + r * QKV_W, QKV_W, D, k_cache, v_cache, block_tables + s * table_width,
+                             table_width, &visible, attn + r * H * D, scores, slots, 1, H, KV, D, page_size, scale);
+            }
+        }
+        linear(gemm, attn, H * D, (const SCALAR *)w[O_PROJ], x, T, hidden, H * D, 1);
+
+        /* x += down_proj(silu(gate) * up), gate and up from one product of rms_norm(x) */
+        for (int64_t t = 0; t < T; t++)
+            rms_norm(x + t * hidden, (const SCALAR *)w[POST_NORM], xn + t * hidden, hidden, eps);
+        linear(gemm, xn, hidden, (const SCALAR *)w[GATE_UP], gate_up, T, 2 * inter, hidden, 0);
+        for (int64_t t = 0; t < T; t++) {
+            SCALAR *g = gate_up + t * 2 * inter; /* silu(gate) * up overwrites gate */
+            const SCALAR *up = g + inter;
+            for (int64_t i = 0; i < inter; i++)
+                g[i] = g[i] / (1 + EXP(-g[i])) * up[i];
+        }
+        linear(gemm, gate_up, 2 * inter, (const SCALAR *)w[DOWN], x, T, hidden, inter, 1);
+    }
+
+    /* Logits only for the rows that sample. */
+    for (int64_t r = 0; r < R; r++)
+        rms_norm(x + logit_rows[r] * hidden, final_norm, xn + r * hidden, hidden, eps);
+    if (R > 0)
+        linear(gemm, xn, hidden, lm_head, logits, R, vocab, hidden, 0);
+    free(work);
+    free(slots);
+    return OK;
+}
