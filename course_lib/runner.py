@@ -95,6 +95,25 @@ def resolve_backend(backend: str, device, dtype: torch.dtype | None = None) -> s
     return default_backend(device, dtype) if backend == "auto" else backend
 
 
+def resolve_forward(forward: str, attention_backend: str, dtype: torch.dtype, custom_attention: bool = False) -> str:
+    """"eager" (the PyTorch model, attention through PagedAttend) or "cpu" (the whole step in C,
+    model/cpu_forward.py). "auto" takes the C step where the "cpu" attention backend runs (a CPU,
+    float32/float64, a compiler) and this PyTorch exports its BLAS; a custom attention function
+    always gets the PyTorch model, which is where it plugs in. `attention_backend` is resolved."""
+    from .model.cpu_forward import available
+
+    if forward == "eager" or (forward == "auto" and (custom_attention or attention_backend != "cpu"
+                                                     or not available(dtype)[0])):
+        return "eager"
+    if custom_attention:
+        raise ValueError("forward='cpu' computes attention itself: it cannot use a custom attention function "
+                         "(use forward='eager')")
+    if attention_backend != "cpu":
+        raise ValueError(f"forward='cpu' attends with the cpu kernel, but the attention backend is "
+                         f"{attention_backend!r} (use forward='eager', or attention_backend 'cpu'/'auto')")
+    return "cpu"
+
+
 class ModelRunner:
     def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0,
                  forward: str = "auto"):
@@ -114,27 +133,14 @@ class ModelRunner:
                     raise ValueError(f"attention_backend 'cpu' needs the model on the CPU, not {self.device}")
                 load_kernel(model.dtype)
             self.decode_fn, self.prefill_fn = backend_functions(self.attention_backend, self.device)
-        self.forward, self.cpu_forward = self._choose_forward(forward, callable(attention))
+        self.forward = resolve_forward(forward, self.attention_backend, model.dtype, callable(attention))
+        self.cpu_forward = None
+        if self.forward == "cpu":
+            from .model.cpu_forward import CpuForward
+
+            self.cpu_forward = CpuForward(model, k_caches, v_caches)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.pad_token_id = model.config.pad_token_id or 0
-
-    def _choose_forward(self, forward: str, custom_attention: bool):
-        """("eager", None): the PyTorch model with PagedAttend; ("cpu", CpuForward): the whole step
-        in C. "auto" takes the C step where the "cpu" attention backend runs (same machine, same
-        dtypes, a compiler) and this PyTorch exports its BLAS; a custom attention function always
-        gets the PyTorch model, which is where it plugs in."""
-        from .model.cpu_forward import CpuForward, available
-
-        if forward == "eager" or (forward == "auto" and (custom_attention or self.attention_backend != "cpu"
-                                                         or not available(self.model.dtype)[0])):
-            return "eager", None
-        if custom_attention:
-            raise ValueError("forward='cpu' computes attention itself: it cannot use a custom attention function "
-                             "(use forward='eager')")
-        if self.attention_backend != "cpu":
-            raise ValueError(f"forward='cpu' attends with the cpu kernel, but the attention backend is "
-                             f"{self.attention_backend!r} (use forward='eager', or attention_backend 'cpu'/'auto')")
-        return "cpu", CpuForward(self.model, self.k_caches, self.v_caches)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: dict) -> dict[str, int]:

@@ -117,11 +117,12 @@ def test_run_benchmark_and_table(tmp_path):
     assert result["attention_backend"] == default_backend("cpu", torch.float32)  # what "auto" picks here
     table = bench_engine.format_table(result)
     assert "hf_static" in table and "uniform" in table
-    assert f"course_lib attention: {result['attention_backend']}" in table
+    assert f"course_lib attention: {result['attention_backend']}, forward: {result['forward']}" in table
+    assert result["forward"] == ("cpu" if result["attention_backend"] == "cpu" else "eager")
     json.dumps(result)
     forced = bench_engine.run_benchmark("random", num_prompts=2, max_tokens=2, repeats=1, threads=1,
                                         engines=("course_lib",), workloads=("uniform",), attention="torch")
-    assert forced["attention_backend"] == "torch"
+    assert forced["attention_backend"] == "torch" and forced["forward"] == "eager"
 
 
 def test_useful_tokens_and_agreement():
@@ -136,7 +137,12 @@ def test_profile_engine_step_phases():
     p = bench_engine.profile_engine_step(model, running=8, prompt_len=4, steps=3, cprofile_top=3)
     assert set(p["median_us"]) == set(bench_engine.PHASES) | {"total"}
     assert all(v >= 0 for k, v in p["median_us"].items() if k != "update")
-    assert p["median_us"]["forward_rest"] > 0 and p["median_us"]["forward_attention"] > 0
+    assert p["forward"] == "cpu" and p["median_us"]["forward_cpu"] > 0  # auto on a CPU with a compiler
+    assert p["median_us"]["forward_rest"] == p["median_us"]["forward_attention"] == 0
+    eager = bench_engine.profile_engine_step(model, running=8, prompt_len=4, steps=3,
+                                             config=EngineConfig(forward="eager"))
+    assert eager["median_us"]["forward_rest"] > 0 and eager["median_us"]["forward_attention"] > 0
+    assert eager["median_us"]["forward_cpu"] == 0
     assert "cprofile" in p and "running requests" in bench_engine.format_profile(p)
 
 

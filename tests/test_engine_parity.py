@@ -9,14 +9,15 @@ from conftest import random_model, random_prompts
 
 MAX_TOKENS = 14
 
+# forward: the PyTorch model ("eager") and the whole step in C ("cpu", what "auto" picks on a CPU)
 CONFIGS = [
-    dict(scheduler=s, kv_layout=kv, page_size=ps, enable_chunked_prefill=chunk, small_pool=small)
-    for s, kv, ps, chunk, small in itertools.product(
-        ["continuous", "static"], ["paged", "contiguous"], [1, 4, 16], [True, False], [False, True])
+    dict(scheduler=s, kv_layout=kv, page_size=ps, enable_chunked_prefill=chunk, small_pool=small, forward=fwd)
+    for s, kv, ps, chunk, small, fwd in itertools.product(
+        ["continuous", "static"], ["paged", "contiguous"], [1, 4, 16], [True, False], [False, True], ["eager", "cpu"])
 ]
 
 
-def _engine_config(model, scheduler, kv_layout, page_size, enable_chunked_prefill, small_pool):
+def _engine_config(model, scheduler, kv_layout, page_size, enable_chunked_prefill, small_pool, forward):
     max_len = model.config.max_position_embeddings
     if small_pool:  # paged: room for ~3 requests' worth of tokens, so decodes must preempt
         num_pages = 150 // page_size if kv_layout == "paged" else 2 * max_len // page_size
@@ -24,7 +25,8 @@ def _engine_config(model, scheduler, kv_layout, page_size, enable_chunked_prefil
         num_pages = None
     return EngineConfig(page_size=page_size, num_pages=num_pages, scheduler=scheduler, kv_layout=kv_layout,
                         enable_chunked_prefill=enable_chunked_prefill, max_num_seqs=6,
-                        max_num_batched_tokens=24 if enable_chunked_prefill else 256, admission="none")
+                        max_num_batched_tokens=24 if enable_chunked_prefill else 256, admission="none",
+                        forward=forward)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,7 @@ def case():
 def test_engine_matches_plain_generate(case, cfg):
     model, prompts, expected = case
     engine = LLMEngine(model, _engine_config(model, **cfg))
+    assert engine.runner.forward == cfg["forward"]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
     for i, (out, want) in enumerate(zip(outputs, expected)):
         assert out.token_ids == want, f"prompt {i} (len {len(prompts[i])}) diverged under {cfg}"
@@ -51,7 +54,8 @@ def test_engine_matches_plain_generate(case, cfg):
 @pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
 def test_attention_backends_serve_identical_tokens(case, backend):
     model, prompts, expected = case
-    engine = LLMEngine(model, EngineConfig(page_size=4, attention_backend=backend, max_num_batched_tokens=32))
+    config = EngineConfig(page_size=4, attention_backend=backend, max_num_batched_tokens=32, forward="eager")
+    engine = LLMEngine(model, config)
     outputs = engine.generate(prompts[:4], SamplingParams(max_tokens=MAX_TOKENS))
     assert [o.token_ids for o in outputs] == expected[:4]
 

@@ -36,7 +36,7 @@ from ..engine import LLMEngine
 from ..engine_config import EngineConfig
 from ..model.config import ModelConfig
 from ..model.transformer import Transformer
-from ..runner import resolve_backend
+from ..runner import resolve_backend, resolve_forward
 from ..scheduler.sampling import SamplingParams
 
 # The shape of the shipped tiny model (scripts/train_tiny.py defaults, CharTokenizer vocabulary).
@@ -339,9 +339,9 @@ def bench_workload(model, hf, workload: Workload, repeats: int = 3, engines=ENGI
 
 def run_benchmark(model_kind: str = "tiny", num_prompts: int = 64, max_tokens: int = 64, repeats: int = 3,
                   threads: int | None = 1, seed: int = 0, engines=ENGINES, workloads=("mixed", "uniform"),
-                  config: EngineConfig | None = None, attention: str = "auto") -> dict:
+                  config: EngineConfig | None = None, attention: str = "auto", forward: str = "auto") -> dict:
     """The whole `bench engine`: both workloads, every engine. Returns one JSON-ready dict.
-    `attention` is course_lib's attention backend (when no `config` is given)."""
+    `attention` and `forward` are course_lib's EngineConfig fields (when no `config` is given)."""
     from ..model.to_hf import to_hf
 
     old_threads = torch.get_num_threads()
@@ -353,8 +353,9 @@ def run_benchmark(model_kind: str = "tiny", num_prompts: int = 64, max_tokens: i
         chosen = [w for w in make_workloads(model, tokenizer, num_prompts, max_tokens, seed) if w.name in workloads]
         import transformers
 
-        config = config or EngineConfig(attention_backend=attention)
+        config = config or EngineConfig(attention_backend=attention, forward=forward)
         backend = resolve_backend(config.attention_backend, model.device, model.dtype)
+        forward = resolve_forward(config.forward, backend, model.dtype)
         load = _load_average()
         results = [bench_workload(model, hf, w, repeats, engines, config) for w in chosen]
         return {
@@ -362,6 +363,7 @@ def run_benchmark(model_kind: str = "tiny", num_prompts: int = 64, max_tokens: i
                                            ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads")},
             "num_prompts": num_prompts, "max_tokens": max_tokens, "repeats": repeats,
             "threads": torch.get_num_threads(), "dtype": "float32", "attention_backend": backend,
+            "forward": forward,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "load_average_before": load, "load_average_after": _load_average(),
             "workloads": results,
@@ -382,7 +384,7 @@ def _load_average():
 def format_table(result: dict) -> str:
     lines = [f"model: {result['model']} {result['model_shape']}, {result['num_prompts']} prompts, "
              f"max_tokens {result['max_tokens']}, float32, greedy, {result['threads']} thread(s), "
-             f"course_lib attention: {result['attention_backend']}, "
+             f"course_lib attention: {result['attention_backend']}, forward: {result['forward']}, "
              f"median of {result['repeats']}; load average {result['load_average_before']} -> "
              f"{result['load_average_after']}", ""]
     header = (f"{'workload':<9} {'engine':<14} {'tokens':>7} {'median s':>9} {'tok/s':>8} {'course_lib /':>12} "
@@ -408,7 +410,7 @@ def format_table(result: dict) -> str:
 
 
 # --------------------------------------------------------------------------- where a step's time goes
-PHASES = ("schedule", "build_batch", "forward_attention", "forward_rest", "sample", "update")
+PHASES = ("schedule", "build_batch", "forward_attention", "forward_rest", "forward_cpu", "sample", "update")
 
 
 def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, steps: int = 40,
@@ -418,7 +420,8 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
     schedule: `scheduler.schedule()`; build_batch: the runner's Python that turns the schedule
     into tensors (everything in `execute` outside the model and the sampler); forward_attention:
     writing K/V into the pages and paged attention, all layers; forward_rest: the rest of the
-    forward pass (embeddings, norms, RoPE, projections, MLP, lm_head); sample: the sampler;
+    forward pass (embeddings, norms, RoPE, projections, MLP, lm_head); forward_cpu: instead of
+    those two, the whole forward pass in one C call (EngineConfig.forward "cpu"); sample: the sampler;
     update: the engine's bookkeeping after the runner (tokens, stop checks, KV commit, stats,
     outputs). Medians over `steps` decode steps, in microseconds."""
     from .. import runner as runner_mod
@@ -462,13 +465,15 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
 
         orig_schedule, orig_execute = sched.schedule, run.execute  # bound methods
         orig_write, orig_decode, orig_prefill = runner_mod.write_kv, run.decode_fn, run.prefill_fn
-        orig_model_call, orig_sample = run.model, runner_mod.sample
+        orig_model_call, orig_sample, orig_cpu_forward = run.model, runner_mod.sample, run.cpu_forward
         sched.schedule = timed(orig_schedule, "schedule")
         run.execute = timed(orig_execute, "_execute")
         runner_mod.write_kv = timed(orig_write, "forward_attention")
         run.decode_fn = timed(orig_decode, "forward_attention")
         run.prefill_fn = timed(orig_prefill, "forward_attention")
         run.model = timed(orig_model_call, "_forward")
+        if orig_cpu_forward is not None:
+            run.cpu_forward = timed(orig_cpu_forward, "forward_cpu")
         runner_mod.sample = timed(orig_sample, "sample")
         rows = []
         profiler = None
@@ -490,9 +495,10 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
                 total = clock() - t
                 row = {
                     "schedule": acc["schedule"],
-                    "build_batch": acc["_execute"] - acc["_forward"] - acc["sample"],
+                    "build_batch": acc["_execute"] - acc["_forward"] - acc["forward_cpu"] - acc["sample"],
                     "forward_attention": acc["forward_attention"],
                     "forward_rest": acc["_forward"] - acc["forward_attention"],
+                    "forward_cpu": acc["forward_cpu"],
                     "sample": acc["sample"],
                     "update": total - acc["schedule"] - acc["_execute"],
                     "total": total,
@@ -502,9 +508,10 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
             del sched.schedule, run.execute
             runner_mod.write_kv, runner_mod.sample = orig_write, orig_sample
             run.decode_fn, run.prefill_fn, run.model = orig_decode, orig_prefill, orig_model_call
+            run.cpu_forward = orig_cpu_forward
         med = {k: statistics.median(r[k] for r in rows) / 1000 for k in (*PHASES, "total")}
         result = {"running": running, "steps": steps, "threads": torch.get_num_threads(),
-                  "attention_backend": engine.runner.attention_backend,
+                  "attention_backend": engine.runner.attention_backend, "forward": engine.runner.forward,
                   "context_len_start": prompt_len + 4, "median_us": med,
                   "share": {k: med[k] / med["total"] for k in PHASES},
                   "tok_s": running / (med["total"] / 1e6), "load_average": _load_average()}
@@ -522,7 +529,7 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
 
 def format_profile(p: dict) -> str:
     lines = [f"course_lib decode step, {p['running']} running requests, {p['threads']} thread(s), "
-             f"attention {p['attention_backend']}, median of {p['steps']} steps (load average {p['load_average']}):",
+             f"attention {p['attention_backend']}, forward {p['forward']}, median of {p['steps']} steps (load average {p['load_average']}):",
              ""]
     for k in (*PHASES, "total"):
         share = "" if k == "total" else f"{p['share'][k] * 100:5.1f}%"
@@ -551,6 +558,9 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
     parser.add_argument("--attention", default="auto", choices=("auto", "torch", "cpu", "reference"),
                         help="course_lib's attention backend (auto: the C kernel when it builds, else torch)")
+    parser.add_argument("--forward", default="auto", choices=("auto", "eager", "cpu"),
+                        help="course_lib's forward pass (auto: the whole step in C where the cpu attention backend "
+                             "runs, else the PyTorch model)")
     parser.add_argument("--workloads", default="mixed,uniform", help="comma-separated subset of mixed,uniform")
     parser.add_argument("--profile", action="store_true",
                         help="instead: break one course_lib decode step down into phases")
@@ -564,14 +574,15 @@ def main(argv=None) -> int:
         if args.profile:
             model = load_model(args.model, args.seed)[0]
             result = profile_engine_step(model, running=args.running, steps=args.steps, threads=args.threads or None,
-                                         config=EngineConfig(attention_backend=args.attention,
+                                         config=EngineConfig(attention_backend=args.attention, forward=args.forward,
                                                              max_num_seqs=max(64, args.running)),
                                          cprofile_top=args.cprofile)
             print(format_profile(result))
         else:
             result = run_benchmark(args.model, args.num_prompts, args.max_tokens, args.repeats,
                                    args.threads or None, args.seed, tuple(args.engines.split(",")),
-                                   tuple(args.workloads.split(",")), attention=args.attention)
+                                   tuple(args.workloads.split(",")), attention=args.attention,
+                                   forward=args.forward)
             print(format_table(result))
     except ValueError as err:
         parser.error(str(err))
