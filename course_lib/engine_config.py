@@ -22,7 +22,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     # How a step's forward pass runs: "eager" (the PyTorch model in transformer.py, attention
     # through attention_backend), "cpu" (the whole step in one C call, model/cpu_forward.py),
-    # "auto" (cpu where the "cpu" attention backend runs and no custom attention is given)
+    # "auto" (cpu where the "cpu" attention backend runs and no custom attention is given, except
+    # for steps with long prefill chunks, which torch attends faster: runner.EAGER_PREFILL_WORK)
     forward: str = "auto"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # for unseeded sampled requests

@@ -114,6 +114,14 @@ def resolve_forward(forward: str, attention_backend: str, dtype: torch.dtype, cu
     return "cpu"
 
 
+# With forward "auto", a step whose prefill chunks need more attention work than this (query x
+# visible token pairs x heads x head_dim multiply-adds) runs eagerly: the C forward attends row by
+# row, which for long prompts is ~1.2-1.5x slower than torch's batched products (a 512-token
+# chunk of a 1,500-token prompt, 8 heads of 64: measured in docs/engine_benchmark.md), while
+# the dispatch time it saves is ~1-2 ms a step. The tiny model's prefill steps stay far below.
+EAGER_PREFILL_WORK = 2**24
+
+
 class ModelRunner:
     def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0,
                  forward: str = "auto"):
@@ -134,6 +142,8 @@ class ModelRunner:
                 load_kernel(model.dtype)
             self.decode_fn, self.prefill_fn = backend_functions(self.attention_backend, self.device)
         self.forward = resolve_forward(forward, self.attention_backend, model.dtype, callable(attention))
+        self.forward_setting, self.steps_by_forward = forward, {"cpu": 0, "eager": 0}
+        self.attention_width = model.config.num_heads * model.config.head_dim
         self.cpu_forward = None
         if self.forward == "cpu":
             from .model.cpu_forward import CpuForward
@@ -154,6 +164,7 @@ class ModelRunner:
         starts = list(range(out.num_padded_tokens + 1))
         logits_rows, sampling = [], []
         num_decodes = out.num_padded_tokens
+        prefill_pairs = 0  # (query, visible token) pairs of the prefill chunks: their attention work
         for s in sorted(out.scheduled, key=lambda s: s.num_new_tokens > 1):
             request = requests[s.request_id]
             n, start = s.num_new_tokens, s.start
@@ -163,6 +174,7 @@ class ModelRunner:
                 ids.append(prompt[start] if start < len(prompt) else request.output_token_ids[start - len(prompt)])
             else:
                 ids.extend(request.all_token_ids[start : start + n])
+                prefill_pairs += n * start + n * (n + 1) // 2
             positions.extend(range(start, start + n))
             slots.extend(self.kv.slots(s.request_id, start, n))
             tables.append(self.kv.block_table(s.request_id))
@@ -181,10 +193,13 @@ class ModelRunner:
         ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(positions, dtype=torch.long, device=dev)
         logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
-        if self.cpu_forward is not None:
+        if self.cpu_forward is not None and (self.forward_setting == "cpu" or
+                                             prefill_pairs * self.attention_width <= EAGER_PREFILL_WORK):
+            self.steps_by_forward["cpu"] += 1
             logits = self.cpu_forward(ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                                       logits_rows)
         else:
+            self.steps_by_forward["eager"] += 1
             meta = {"slot_mapping": slot_mapping, "block_tables": block_tables, "seq_lens": seq_lens,
                     "query_start_loc": query_start_loc, "num_decodes": num_decodes}
             attend = PagedAttend(self.k_caches, self.v_caches, meta, self.decode_fn, self.prefill_fn, self.scale)

@@ -127,7 +127,7 @@ def test_the_comparison_catches_a_broken_forward(monkeypatch, tmp_path):
     (future tokens included) and watch the step comparison fail."""
     monkeypatch.setenv("COURSE_LIB_KERNEL_CACHE", str(tmp_path))
     source = cpu_forward.SOURCE.read_text()
-    broken = source.replace("seq_lens[s] - (int32_t)(last - r);", "seq_lens[s];")
+    broken = source.replace("a->seq_lens[s] - (int32_t)(a->query_start[s + 1] - 1 - r);", "a->seq_lens[s];")
     assert broken != source
     (tmp_path / "broken.c").write_text(broken)
     monkeypatch.setattr(cpu_forward.KERNEL, "source", tmp_path / "broken.c")
@@ -208,3 +208,21 @@ def test_without_blas_or_compiler_auto_falls_back_and_cpu_says_why(small_model, 
     monkeypatch.setattr(cpu_forward.KERNEL, "error", None)
     ok, why = cpu_forward.available(torch.float64)
     assert not ok and "the cpu forward is unavailable: no C compiler" in why
+
+
+def test_auto_attends_long_prefill_steps_eagerly(monkeypatch):
+    """Steps mixing both forwards write the same caches: the tokens stay the plain model's."""
+    from course_lib import runner
+
+    model = random_model(6)
+    prompts = random_prompts(4, model.config.vocab_size, lo=20, hi=40, seed=6)
+    expected = [model.generate(p, 8, stop_token_ids=[]) for p in prompts]
+    heads = model.config.num_heads * model.config.head_dim
+    monkeypatch.setattr(runner, "EAGER_PREFILL_WORK", 300 * heads)  # a 20-token prompt already needs 210 pairs
+    config = EngineConfig(max_num_batched_tokens=32, page_size=4)
+    auto = LLMEngine(model, config)
+    assert [o.token_ids for o in auto.generate(prompts, SamplingParams(max_tokens=8))] == expected
+    assert auto.runner.forward == "cpu" and min(auto.runner.steps_by_forward.values()) > 0
+    forced = LLMEngine(model, EngineConfig(max_num_batched_tokens=32, page_size=4, forward="cpu"))
+    assert [o.token_ids for o in forced.generate(prompts, SamplingParams(max_tokens=8))] == expected
+    assert forced.runner.steps_by_forward["eager"] == 0

@@ -21,6 +21,7 @@
  *   cos_table, sin_table: [table_len, D] from rope.rope_cos_sin (sin with its first half negated).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,79 @@ static void rope(SCALAR *x, const SCALAR *cos, const SCALAR *sin, int64_t D)
     }
 }
 
+/* Attention for a run of query rows. Each row attends to its sequence's tokens up to and
+ * including itself: a decode row to all seq_lens[s], the rows of a prefill chunk to fewer
+ * (causal). Rows are independent, so runs of them go to different threads. */
+typedef struct {
+    const SCALAR *qkv, *k_cache, *v_cache;
+    const int32_t *block_tables, *seq_lens, *query_start, *row_seq;
+    SCALAR *attn, *scores; /* scores: H * max_len per thread */
+    int64_t *slots;        /* max_len per thread */
+    int64_t qkv_width, table_width, H, KV, D, page_size, max_len, first, last, thread;
+    SCALAR scale;
+} attention_rows;
+
+static void *attend_run(void *arg)
+{
+    const attention_rows *a = arg;
+    SCALAR *scores = a->scores + a->thread * a->H * a->max_len;
+    int64_t *slots = a->slots + a->thread * a->max_len;
+    for (int64_t r = a->first; r < a->last; r++) {
+        const int64_t s = a->row_seq[r];
+        const int32_t visible = a->seq_lens[s] - (int32_t)(a->query_start[s + 1] - 1 - r);
+        paged_decode(a->qkv + r * a->qkv_width, a->qkv_width, a->D, a->k_cache, a->v_cache,
+                     a->block_tables + s * a->table_width, a->table_width, &visible, a->attn + r * a->H * a->D,
+                     scores, slots, 1, a->H, a->KV, a->D, a->page_size, a->scale);
+    }
+    return NULL;
+}
+
+/* Below this many multiply-adds per thread, one thread does all the rows: starting a thread
+ * costs tens of microseconds (cpu_decode.py's PARALLEL_MIN_WORK, the same trade-off). */
+#define PARALLEL_MIN_WORK (1 << 20)
+
+static void attend_rows(const attention_rows *base, const SCALAR *k_cache, const SCALAR *v_cache,
+                        int64_t threads)
+{
+    const int64_t rows = base->last;
+    /* work of each row: the tokens it reads, times the heads' multiply-adds */
+    int64_t total = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t s = base->row_seq[r];
+        total += base->seq_lens[s] - (base->query_start[s + 1] - 1 - r);
+    }
+    int64_t workers = total * base->H * base->D / PARALLEL_MIN_WORK;
+    workers = workers < threads ? workers : threads;
+    workers = workers < rows ? workers : rows;
+    workers = workers < 1 ? 1 : workers;
+
+    attention_rows jobs[workers];
+    pthread_t ids[workers];
+    int started[workers];
+    /* contiguous runs of rows with about equal work */
+    int64_t r = 0, done = 0;
+    for (int64_t i = 0; i < workers; i++) {
+        jobs[i] = *base;
+        jobs[i].k_cache = k_cache, jobs[i].v_cache = v_cache, jobs[i].thread = i, jobs[i].first = r;
+        const int64_t target = total * (i + 1) / workers;
+        while (r < rows && (done < target || i == workers - 1)) {
+            const int64_t s = base->row_seq[r];
+            done += base->seq_lens[s] - (base->query_start[s + 1] - 1 - r);
+            r++;
+        }
+        jobs[i].last = r;
+    }
+    for (int64_t i = 1; i < workers; i++) /* a thread that fails to start: its rows run here below */
+        started[i] = pthread_create(&ids[i], NULL, attend_run, &jobs[i]) == 0;
+    attend_run(&jobs[0]);
+    for (int64_t i = 1; i < workers; i++) {
+        if (started[i])
+            pthread_join(ids[i], NULL);
+        else
+            attend_run(&jobs[i]);
+    }
+}
+
 /* Everything is checked before anything is written, so a bad step leaves the caches as they
  * were; C would otherwise read or write out of bounds where PyTorch raises. */
 static int check_inputs(const int64_t *ids, const int64_t *positions, const int64_t *slot_mapping, int64_t T,
@@ -108,7 +182,8 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
                  const SCALAR *embed, const SCALAR *final_norm, const SCALAR *lm_head, const int64_t *layers,
                  int64_t num_layers, const SCALAR *cos_table, const SCALAR *sin_table, int64_t table_len,
                  int64_t hidden, int64_t inter, int64_t H, int64_t KV, int64_t D, int64_t vocab,
-                 int64_t num_pages, int64_t page_size, float eps, SCALAR scale, gemm_t gemm)
+                 int64_t num_pages, int64_t page_size, float eps, SCALAR scale, gemm_t gemm,
+                 int64_t threads)
 {
     int status = check_inputs(ids, positions, slot_mapping, T, block_tables, table_width, seq_lens, query_start,
                               S, logit_rows, R, vocab, table_len, num_pages * page_size, num_pages, page_size);
@@ -120,15 +195,18 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
 
     const int64_t QKV_W = (H + 2 * KV) * D, slot_size = KV * D;
     /* One allocation for every activation of the step. */
-    const int64_t sizes[] = {T * hidden, T * hidden, T * QKV_W, T * H * D, T * 2 * inter, H * max_len};
+    threads = threads < 1 ? 1 : threads;
+    const int64_t sizes[] = {T * hidden, T * hidden, T * QKV_W, T * H * D, T * 2 * inter, threads * H * max_len};
     int64_t total = 0;
     for (int i = 0; i < 6; i++)
         total += sizes[i];
     SCALAR *work = malloc(total * sizeof(SCALAR));
-    int64_t *slots = malloc(max_len * sizeof(int64_t));
-    if (work == NULL || slots == NULL) {
+    int64_t *slots = malloc(threads * max_len * sizeof(int64_t));
+    int32_t *row_seq = malloc(T * sizeof(int32_t));
+    if (work == NULL || slots == NULL || row_seq == NULL) {
         free(work);
         free(slots);
+        free(row_seq);
         return NO_MEMORY;
     }
     SCALAR *x = work, *xn = x + sizes[0], *qkv = xn + sizes[1], *attn = qkv + sizes[2], *gate_up = attn + sizes[3];
@@ -136,6 +214,15 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
 
     for (int64_t t = 0; t < T; t++)
         memcpy(x + t * hidden, embed + ids[t] * hidden, hidden * sizeof(SCALAR));
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t r = query_start[s]; r < query_start[s + 1]; r++)
+            row_seq[r] = (int32_t)s;
+    /* what attention needs in every layer; the layer's caches are passed separately */
+    const attention_rows att = {.qkv = qkv, .block_tables = block_tables, .seq_lens = seq_lens,
+                                .query_start = query_start, .row_seq = row_seq, .attn = attn, .scores = scores,
+                                .slots = slots, .qkv_width = QKV_W, .table_width = table_width, .H = H, .KV = KV,
+                                .D = D, .page_size = page_size, .max_len = max_len, .first = 0, .last = T,
+                                .scale = scale};
 
     for (int64_t l = 0; l < num_layers; l++) {
         const int64_t *w = layers + l * LAYER_FIELDS;
@@ -158,16 +245,7 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
             memcpy(k_cache + slot_mapping[t] * slot_size, row + H * D, slot_size * sizeof(SCALAR));
             memcpy(v_cache + slot_mapping[t] * slot_size, row + (H + KV) * D, slot_size * sizeof(SCALAR));
         }
-        /* Each query row attends to its sequence's tokens up to and including itself: a decode
-         * row to all seq_lens[s], the rows of a prefill chunk to fewer (causal). */
-        for (int64_t s = 0; s < S; s++) {
-            const int64_t last = query_start[s + 1] - 1;
-            for (int64_t r = query_start[s]; r <= last; r++) {
-                const int32_t visible = seq_lens[s] - (int32_t)(last - r);
-                paged_decode(qkv + r * QKV_W, QKV_W, D, k_cache, v_cache, block_tables + s * table_width,
-                             table_width, &visible, attn + r * H * D, scores, slots, 1, H, KV, D, page_size, scale);
-            }
-        }
+        attend_rows(&att, k_cache, v_cache, threads);
         linear(gemm, attn, H * D, (const SCALAR *)w[O_PROJ], x, T, hidden, H * D, 1);
 
         /* x += down_proj(silu(gate) * up), gate and up from one product of rms_norm(x) */
@@ -190,5 +268,6 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
         linear(gemm, xn, hidden, lm_head, logits, R, vocab, hidden, 0);
     free(work);
     free(slots);
+    free(row_seq);
     return OK;
 }

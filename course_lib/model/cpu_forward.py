@@ -37,7 +37,7 @@ def _declare(lib: ctypes.CDLL, c_scalar) -> None:
     lib.forward_step.restype = ctypes.c_int
     lib.forward_step.argtypes = [ptr, ptr, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, i64, ptr,  # the batch
                                  ptr, ptr, ptr, ptr, i64, ptr, ptr, i64,  # weights, caches, rotary tables
-                                 i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, c_scalar, ptr]
+                                 i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, c_scalar, ptr, i64]
 
 
 BATCH = ("ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc", "logits_rows")
@@ -139,7 +139,7 @@ class CpuForward:
             _address(m.embed_tokens.weight), _address(m.norm.weight), _address(m.lm_head.weight),
             layers.data_ptr(), len(m.layers), self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0],
             cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
-            self.num_pages, self.page_size, cfg.rms_norm_eps, self.scale, self.gemm)
+            self.num_pages, self.page_size, cfg.rms_norm_eps, self.scale, self.gemm, torch.get_num_threads())
         return status, logits
 
 
