@@ -12,65 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from course_lib import EngineConfig, LLMEngine, SamplingParams
+from course_lib.bench.forward import bench_forward, eager_step, format_table, make_step
 from course_lib.model import cpu_forward
 from course_lib.model.config import ModelConfig
 from course_lib.model.cpu_forward import CpuForward
 from course_lib.model.transformer import Transformer
-from course_lib.runner import PagedAttend, backend_functions
 
 from conftest import random_model, random_prompts
 
 # The C code normalises in float32 like the model, but sums in another order: float32 rounding
 # (~1e-7 relative) reaches the logits even of a float64 model.
 TOLERANCE = {torch.float64: 1e-5, torch.float32: 2e-4}
-
-
-def make_step(model, contexts, page_size, seed=0, padding_rows=0):
-    """One engine step by hand: sequence s has contexts[s] = (cached, new) tokens; its pages are
-    scattered over the pool, unowned slots hold NaN. Returns (caches, batch) for CpuForward."""
-    cfg, gen = model.config, torch.Generator().manual_seed(seed)
-    pages_per_seq = [-(-(c + n) // page_size) for c, n in contexts]
-    num_pages = sum(pages_per_seq) + 3  # + spare pages, the last one the scratch page for padding
-    shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-    caches = [torch.full(shape, float("nan"), dtype=model.dtype) for _ in range(2 * cfg.num_layers)]
-    order = torch.randperm(num_pages - 1, generator=gen).tolist()
-    scratch, tables, ids, positions, slots, seq_lens, starts, rows = num_pages - 1, [], [], [], [], [], [0], []
-    for _ in range(padding_rows):  # static batching's padding: position 0, the scratch page
-        tables.append([scratch])
-        ids.append(0), positions.append(0), slots.append(scratch * page_size), seq_lens.append(1)
-        starts.append(starts[-1] + 1)
-    for (cached, new), n_pages in zip(contexts, pages_per_seq):
-        table, order = order[:n_pages], order[n_pages:]
-        for c in caches:  # the already-cached tokens' keys and values
-            for t in range(cached):
-                c[table[t // page_size], t % page_size] = torch.randn(c.shape[2:], generator=gen, dtype=c.dtype)
-        tables.append(table)
-        ids += torch.randint(0, cfg.vocab_size, (new,), generator=gen).tolist()
-        positions += range(cached, cached + new)
-        slots += [table[t // page_size] * page_size + t % page_size for t in range(cached, cached + new)]
-        seq_lens.append(cached + new)
-        starts.append(starts[-1] + new)
-        rows.append(starts[-1] - 1)
-    width = max(len(t) for t in tables)
-    batch = dict(
-        ids=torch.tensor(ids), positions=torch.tensor(positions), slot_mapping=torch.tensor(slots),
-        block_tables=torch.tensor([t + [scratch] * (width - len(t)) for t in tables], dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        logits_rows=torch.tensor(rows),
-    )
-    leading_decodes = next((i for i, (_, n) in enumerate(contexts) if n > 1), len(contexts))
-    return caches, batch, padding_rows + leading_decodes
-
-
-def eager_step(model, caches, batch, num_decodes):
-    """The same step through the PyTorch model and the runner's PagedAttend (torch backend)."""
-    L = model.config.num_layers
-    meta = {k: batch[k] for k in ("slot_mapping", "block_tables", "seq_lens", "query_start_loc")}
-    meta["num_decodes"] = num_decodes  # decode rows come first in this batch too
-    decode_fn, prefill_fn = backend_functions("torch", "cpu")
-    attend = PagedAttend(caches[:L], caches[L:], meta, decode_fn, prefill_fn, model.config.head_dim**-0.5)
-    with torch.inference_mode():
-        return model(batch["ids"], batch["positions"], attend, logits_indices=batch["logits_rows"])
 
 
 def assert_same_step(model, contexts, page_size, seed=0, padding_rows=0):
@@ -226,3 +178,14 @@ def test_auto_attends_long_prefill_steps_eagerly(monkeypatch):
     forced = LLMEngine(model, EngineConfig(max_num_batched_tokens=32, page_size=4, forward="cpu"))
     assert [o.token_ids for o in forced.generate(prompts, SamplingParams(max_tokens=8))] == expected
     assert forced.runner.steps_by_forward["eager"] == 0
+
+
+def test_bench_forward_is_well_formed():
+    cases = [("one decode", "tiny", [(5, 1)]), ("two prompts", "tiny", [(0, 6), (3, 4)])]
+    result = bench_forward(cases, repeats=1)
+    assert [r["case"] for r in result["cases"]] == ["one decode", "two prompts"]
+    for r in result["cases"]:
+        assert r["c_ms"] > 0 and r["eager_ms"] > 0 and r["ratio"] == pytest.approx(r["c_ms"] / r["eager_ms"])
+        assert r["max_logit_diff"] < 1e-3  # float32: the two forwards agree
+    assert [r["tokens"] for r in result["cases"]] == [1, 10]
+    assert "C / eager" in format_table(result)

@@ -1,4 +1,4 @@
-"""`python -m course_lib bench {attention,engine,scheduler} ...`: each benchmark is a module's `main(argv)`.
+"""`python -m course_lib bench {attention,engine,forward,scheduler} ...`: each benchmark is a module's `main(argv)`.
 
 Benchmarks print ratios measured side by side in one run (a shared CPU moves both sides of a
 ratio together); tests assert correctness only.
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "attention": ("course_lib.bench.attention", "paged attention backends against each other"),
     "engine": ("course_lib.bench.engine",
                "course_lib's engine vs transformers (generate_batch, padded generate), same weights"),
+    "forward": ("course_lib.bench.forward", "one engine step: the whole forward in C vs the PyTorch model"),
     "scheduler": ("course_lib.bench.scheduler", "scheduler + KV manager overhead per step, scripted runner, no model"),
 }
 USAGE = usage("python -m course_lib bench", "benchmark", BENCHMARKS)
