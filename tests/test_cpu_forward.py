@@ -189,3 +189,27 @@ def test_bench_forward_is_well_formed():
         assert r["max_logit_diff"] < 1e-3  # float32: the two forwards agree
     assert [r["tokens"] for r in result["cases"]] == [1, 10]
     assert "C / eager" in format_table(result)
+
+
+def test_attention_split_over_threads_equals_one_thread(monkeypatch):
+    from course_lib.attention import cpu_decode
+
+    model = model_with()
+    caches, batch, _ = make_step(model, [(9, 1), (30, 1), (0, 12), (17, 5)], page_size=4)
+    L = model.config.num_layers
+
+    def run(threads):
+        ours = [c.clone() for c in caches]
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return CpuForward(model, ours[:L], ours[L:])(**batch), ours
+        finally:
+            torch.set_num_threads(old)
+
+    one, one_caches = run(1)
+    monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 1)  # split even this small step
+    for threads in (2, 3):
+        many, many_caches = run(threads)
+        assert torch.equal(one, many)  # rows are independent: the same numbers, bit for bit
+        assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(one_caches, many_caches))

@@ -72,9 +72,9 @@ static void rope(SCALAR *x, const SCALAR *cos, const SCALAR *sin, int64_t D)
     }
 }
 
-/* Attention for a run of query rows. Each row attends to its sequence's tokens up to and
- * including itself: a decode row to all seq_lens[s], the rows of a prefill chunk to fewer
- * (causal). Rows are independent, so runs of them go to different threads. */
+/* Attention for a run of query rows [first, last). Each row attends to its sequence's tokens
+ * up to and including itself: a decode row to all seq_lens[s], the rows of a prefill chunk to
+ * fewer (causal). Rows are independent, so runs of them go to different threads. */
 typedef struct {
     const SCALAR *qkv, *k_cache, *v_cache;
     const int32_t *block_tables, *seq_lens, *query_start, *row_seq;
@@ -84,55 +84,62 @@ typedef struct {
     SCALAR scale;
 } attention_rows;
 
+/* Row r of sequence s sees the tokens up to and including itself: the chunk's last row sees
+ * all seq_lens[s], each row before it one fewer. */
+static inline int32_t visible_tokens(const attention_rows *a, int64_t r)
+{
+    const int64_t s = a->row_seq[r];
+    return a->seq_lens[s] - (int32_t)(a->query_start[s + 1] - 1 - r);
+}
+
 static void *attend_run(void *arg)
 {
     const attention_rows *a = arg;
     SCALAR *scores = a->scores + a->thread * a->H * a->max_len;
     int64_t *slots = a->slots + a->thread * a->max_len;
     for (int64_t r = a->first; r < a->last; r++) {
-        const int64_t s = a->row_seq[r];
-        const int32_t visible = a->seq_lens[s] - (int32_t)(a->query_start[s + 1] - 1 - r);
+        const int32_t visible = visible_tokens(a, r);
         paged_decode(a->qkv + r * a->qkv_width, a->qkv_width, a->D, a->k_cache, a->v_cache,
-                     a->block_tables + s * a->table_width, a->table_width, &visible, a->attn + r * a->H * a->D,
-                     scores, slots, 1, a->H, a->KV, a->D, a->page_size, a->scale);
+                     a->block_tables + a->row_seq[r] * a->table_width, a->table_width, &visible,
+                     a->attn + r * a->H * a->D, scores, slots, 1, a->H, a->KV, a->D, a->page_size, a->scale);
     }
     return NULL;
 }
 
-/* Below this many multiply-adds per thread, one thread does all the rows: starting a thread
- * costs tens of microseconds (cpu_decode.py's PARALLEL_MIN_WORK, the same trade-off). */
-#define PARALLEL_MIN_WORK (1 << 20)
-
-static void attend_rows(const attention_rows *base, const SCALAR *k_cache, const SCALAR *v_cache,
-                        int64_t threads)
+/* How many threads attend, and which rows each takes (bounds[i] .. bounds[i+1]-1: contiguous
+ * runs of about equal work). Fewer threads than allowed when each would get less than min_work
+ * multiply-adds: starting a thread costs tens of microseconds. Decided once per step. */
+static int64_t split_rows(const attention_rows *a, int64_t threads, int64_t min_work, int64_t *bounds)
 {
-    const int64_t rows = base->last;
-    /* work of each row: the tokens it reads, times the heads' multiply-adds */
     int64_t total = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t s = base->row_seq[r];
-        total += base->seq_lens[s] - (base->query_start[s + 1] - 1 - r);
-    }
-    int64_t workers = total * base->H * base->D / PARALLEL_MIN_WORK;
+    for (int64_t r = 0; r < a->last; r++)
+        total += visible_tokens(a, r);
+    int64_t workers = total * a->H * a->D / (min_work < 1 ? 1 : min_work);
     workers = workers < threads ? workers : threads;
-    workers = workers < rows ? workers : rows;
+    workers = workers < a->last ? workers : a->last;
     workers = workers < 1 ? 1 : workers;
+    int64_t r = 0, done = 0;
+    bounds[0] = 0;
+    for (int64_t i = 0; i < workers; i++) {
+        const int64_t target = total * (i + 1) / workers;
+        while (r < a->last && (done < target || i == workers - 1))
+            done += visible_tokens(a, r++);
+        bounds[i + 1] = r;
+    }
+    return workers;
+}
 
+/* One layer's attention for every row, on `workers` threads (this one included). */
+static void attend_rows(const attention_rows *base, const SCALAR *k_cache, const SCALAR *v_cache,
+                        const int64_t *bounds, int64_t workers)
+{
     attention_rows jobs[workers];
     pthread_t ids[workers];
     int started[workers];
-    /* contiguous runs of rows with about equal work */
-    int64_t r = 0, done = 0;
     for (int64_t i = 0; i < workers; i++) {
         jobs[i] = *base;
-        jobs[i].k_cache = k_cache, jobs[i].v_cache = v_cache, jobs[i].thread = i, jobs[i].first = r;
-        const int64_t target = total * (i + 1) / workers;
-        while (r < rows && (done < target || i == workers - 1)) {
-            const int64_t s = base->row_seq[r];
-            done += base->seq_lens[s] - (base->query_start[s + 1] - 1 - r);
-            r++;
-        }
-        jobs[i].last = r;
+        jobs[i].k_cache = k_cache, jobs[i].v_cache = v_cache;
+        jobs[i].thread = i, jobs[i].first = bounds[i], jobs[i].last = bounds[i + 1];
     }
     for (int64_t i = 1; i < workers; i++) /* a thread that fails to start: its rows run here below */
         started[i] = pthread_create(&ids[i], NULL, attend_run, &jobs[i]) == 0;
@@ -183,7 +190,7 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
                  int64_t num_layers, const SCALAR *cos_table, const SCALAR *sin_table, int64_t table_len,
                  int64_t hidden, int64_t inter, int64_t H, int64_t KV, int64_t D, int64_t vocab,
                  int64_t num_pages, int64_t page_size, float eps, SCALAR scale, gemm_t gemm,
-                 int64_t threads)
+                 int64_t threads, int64_t min_work_per_thread)
 {
     int status = check_inputs(ids, positions, slot_mapping, T, block_tables, table_width, seq_lens, query_start,
                               S, logit_rows, R, vocab, table_len, num_pages * page_size, num_pages, page_size);
@@ -203,10 +210,12 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
     SCALAR *work = malloc(total * sizeof(SCALAR));
     int64_t *slots = malloc(threads * max_len * sizeof(int64_t));
     int32_t *row_seq = malloc(T * sizeof(int32_t));
-    if (work == NULL || slots == NULL || row_seq == NULL) {
+    int64_t *bounds = malloc((threads + 1) * sizeof(int64_t));
+    if (work == NULL || slots == NULL || row_seq == NULL || bounds == NULL) {
         free(work);
         free(slots);
         free(row_seq);
+        free(bounds);
         return NO_MEMORY;
     }
     SCALAR *x = work, *xn = x + sizes[0], *qkv = xn + sizes[1], *attn = qkv + sizes[2], *gate_up = attn + sizes[3];
@@ -223,6 +232,7 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
                                 .slots = slots, .qkv_width = QKV_W, .table_width = table_width, .H = H, .KV = KV,
                                 .D = D, .page_size = page_size, .max_len = max_len, .first = 0, .last = T,
                                 .scale = scale};
+    const int64_t workers = split_rows(&att, threads, min_work_per_thread, bounds);
 
     for (int64_t l = 0; l < num_layers; l++) {
         const int64_t *w = layers + l * LAYER_FIELDS;
@@ -245,7 +255,7 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
             memcpy(k_cache + slot_mapping[t] * slot_size, row + H * D, slot_size * sizeof(SCALAR));
             memcpy(v_cache + slot_mapping[t] * slot_size, row + (H + KV) * D, slot_size * sizeof(SCALAR));
         }
-        attend_rows(&att, k_cache, v_cache, threads);
+        attend_rows(&att, k_cache, v_cache, bounds, workers);
         linear(gemm, attn, H * D, (const SCALAR *)w[O_PROJ], x, T, hidden, H * D, 1);
 
         /* x += down_proj(silu(gate) * up), gate and up from one product of rms_norm(x) */
@@ -269,5 +279,6 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
     free(work);
     free(slots);
     free(row_seq);
+    free(bounds);
     return OK;
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..attention.cpu_decode import SOURCE as DECODE_SOURCE
+from ..attention import cpu_decode
 from ..native import DTYPES, Kernel
 from .rope import rope_cos_sin
 
@@ -37,12 +37,12 @@ def _declare(lib: ctypes.CDLL, c_scalar) -> None:
     lib.forward_step.restype = ctypes.c_int
     lib.forward_step.argtypes = [ptr, ptr, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, i64, ptr,  # the batch
                                  ptr, ptr, ptr, ptr, i64, ptr, ptr, i64,  # weights, caches, rotary tables
-                                 i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, c_scalar, ptr, i64]
+                                 i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, c_scalar, ptr, i64, i64]
 
 
 BATCH = ("ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc", "logits_rows")
 BATCH_DTYPES = (torch.int64, torch.int64, torch.int64, torch.int32, torch.int32, torch.int32, torch.int64)
-KERNEL = Kernel(SOURCE, "the cpu forward", _declare, includes=(DECODE_SOURCE,))
+KERNEL = Kernel(SOURCE, "the cpu forward", _declare, includes=(cpu_decode.SOURCE,))
 _GEMM = {torch.float32: "sgemm_", torch.float64: "dgemm_"}
 
 
@@ -139,7 +139,8 @@ class CpuForward:
             _address(m.embed_tokens.weight), _address(m.norm.weight), _address(m.lm_head.weight),
             layers.data_ptr(), len(m.layers), self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0],
             cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
-            self.num_pages, self.page_size, cfg.rms_norm_eps, self.scale, self.gemm, torch.get_num_threads())
+            self.num_pages, self.page_size, cfg.rms_norm_eps, self.scale, self.gemm, torch.get_num_threads(),
+            cpu_decode.PARALLEL_MIN_WORK)
         return status, logits
 
 
