@@ -213,3 +213,16 @@ def test_attention_split_over_threads_equals_one_thread(monkeypatch):
         many, many_caches = run(threads)
         assert torch.equal(one, many)  # rows are independent: the same numbers, bit for bit
         assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(one_caches, many_caches))
+
+
+def test_weights_swapped_for_another_shape_or_dtype_are_refused():
+    model = random_model(7)
+    engine = LLMEngine(model, EngineConfig(forward="cpu"))
+    model.layers[1].down_proj = torch.nn.Parameter(torch.zeros(3, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"down_proj as a contiguous CPU torch.float64 tensor of shape \[48, 96\]"):
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+    model = random_model(7)
+    engine = LLMEngine(model, EngineConfig(forward="cpu"))
+    model.lm_head.weight.data = model.lm_head.weight.data.float()
+    with pytest.raises(ValueError, match="lm_head as a contiguous CPU torch.float64 tensor"):
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))

@@ -15,6 +15,7 @@ export the Fortran gemm symbols (then `available()` says why).
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ KERNEL = Kernel(SOURCE, "the cpu forward", _declare, includes=(cpu_decode.SOURCE
 _GEMM = {torch.float32: "sgemm_", torch.float64: "dgemm_"}
 
 
+@functools.cache
 def blas_gemm(dtype: torch.dtype) -> int:
     """Address of the Fortran gemm (sgemm_ / dgemm_) in PyTorch's own library; RuntimeError if
     this PyTorch build does not export it."""
@@ -90,6 +92,14 @@ class CpuForward:
         self.num_pages, self.page_size = k_caches[0].shape[:2]
         self.scale = 1.0 / cfg.head_dim**0.5
         self._rope_table(cfg.max_position_embeddings)
+        # What C will read at each address: checked every step (~10 us), because a weight swapped
+        # for another dtype, shape or device since the engine was built would be read out of bounds.
+        hidden, qkv = cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        self.shapes = dict(input_norm=(hidden,), qkv_proj=(qkv, hidden), qkv_bias=(qkv,),
+                           o_proj=(hidden, cfg.num_heads * cfg.head_dim), post_attention_norm=(hidden,),
+                           gate_up_proj=(2 * cfg.intermediate_size, hidden), down_proj=(hidden, cfg.intermediate_size),
+                           embed_tokens=(cfg.vocab_size, hidden), norm=(hidden,), lm_head=(cfg.vocab_size, hidden),
+                           cache=tuple(k_caches[0].shape))
 
     def _rope_table(self, length: int) -> None:
         # The same values the PyTorch model computes per step, for every position at once.
@@ -99,12 +109,19 @@ class CpuForward:
     def _layer_table(self) -> torch.Tensor:
         """Every layer's weight and cache addresses, read now: weights replaced since the engine
         was built (load_state_dict, a training step) are used as they are."""
-        rows = []
+        rows, address = [], self._address
         for layer, kc, vc in zip(self.model.layers, self.k_caches, self.v_caches):
             p = layer._parameters
-            rows.append([0 if p[name] is None else _address(p[name]) for name in LAYER_WEIGHTS]
-                        + [_address(kc), _address(vc)])
+            rows.append([0 if p[name] is None else address(p[name], name) for name in LAYER_WEIGHTS]
+                        + [address(kc, "cache"), address(vc, "cache")])
         return torch.tensor(rows, dtype=torch.int64)
+
+    def _address(self, t: torch.Tensor, name: str) -> int:
+        if t.dtype != self.dtype or t.device.type != "cpu" or t.shape != self.shapes[name] or not t.is_contiguous():
+            raise ValueError(f"the cpu forward needs {name} as a contiguous CPU {self.dtype} tensor of shape "
+                             f"{list(self.shapes[name])}, got {t.dtype} on {t.device}, shape {list(t.shape)}, "
+                             f"strides {t.stride()}")
+        return t.data_ptr()
 
     def __call__(self, ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_rows):
         batch = (ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_rows)
@@ -136,15 +153,11 @@ class CpuForward:
             ids.data_ptr(), positions.data_ptr(), slot_mapping.data_ptr(), ids.shape[0],
             block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), query_start_loc.data_ptr(),
             block_tables.shape[0], logits_rows.data_ptr(), logits_rows.shape[0], logits.data_ptr(),
-            _address(m.embed_tokens.weight), _address(m.norm.weight), _address(m.lm_head.weight),
+            self._address(m.embed_tokens.weight, "embed_tokens"), self._address(m.norm.weight, "norm"),
+            self._address(m.lm_head.weight, "lm_head"),
             layers.data_ptr(), len(m.layers), self.cos.data_ptr(), self.sin.data_ptr(), self.cos.shape[0],
             cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
             self.num_pages, self.page_size, cfg.rms_norm_eps, self.scale, self.gemm, torch.get_num_threads(),
             cpu_decode.PARALLEL_MIN_WORK)
         return status, logits
 
-
-def _address(t: torch.Tensor) -> int:
-    if not t.is_contiguous():
-        raise ValueError(f"the cpu forward needs contiguous weights and caches, got strides {t.stride()}")
-    return t.data_ptr()
