@@ -1,4 +1,5 @@
-"""The spine: every engine configuration reproduces the plain model's greedy tokens exactly."""
+"""The spine: every engine configuration reproduces the plain model's greedy tokens exactly, on a random
+model, the shipped tiny model and a random transformers Qwen2 converted with from_hf (all float64)."""
 import itertools
 
 import pytest
@@ -29,9 +30,24 @@ def _engine_config(model, scheduler, kv_layout, page_size, enable_chunked_prefil
                         forward=forward)
 
 
-@pytest.fixture(scope="module")
-def case():
-    model = random_model(1)
+def _model(kind: str):
+    """float64 models the matrix runs on: a random one (GQA), the shipped tiny model, and a random
+    transformers Qwen2 (q/k/v biases, tied embeddings) converted with from_hf."""
+    if kind == "random":
+        return random_model(1)
+    if kind == "tiny":
+        from course_lib import load_tiny
+
+        return load_tiny(torch.float64)[0]
+    hf_tests = pytest.importorskip("test_hf_parity")  # skips only where transformers is missing
+    from course_lib.model.hf import from_hf
+
+    return from_hf(hf_tests.make_hf("qwen2", heads=4, kv_heads=2, seed=3))
+
+
+@pytest.fixture(scope="module", params=["random", "tiny", "hf_qwen2"])
+def case(request):
+    model = _model(request.param)
     prompts = random_prompts(9, model.config.vocab_size, lo=1, hi=45, seed=1)
     expected = [model.generate(p, MAX_TOKENS, stop_token_ids=[]) for p in prompts]
     return model, prompts, expected
@@ -42,7 +58,8 @@ def test_engine_matches_plain_generate(case, cfg):
     model, prompts, expected = case
     engine = LLMEngine(model, _engine_config(model, **cfg))
     assert engine.runner.forward == cfg["forward"]
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    # EOS is not a stop: plain generate above ran every request to MAX_TOKENS
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     for i, (out, want) in enumerate(zip(outputs, expected)):
         assert out.token_ids == want, f"prompt {i} (len {len(prompts[i])}) diverged under {cfg}"
         assert out.finish_reason == "length"
@@ -56,7 +73,7 @@ def test_attention_backends_serve_identical_tokens(case, backend):
     model, prompts, expected = case
     config = EngineConfig(page_size=4, attention_backend=backend, max_num_batched_tokens=32, forward="eager")
     engine = LLMEngine(model, config)
-    outputs = engine.generate(prompts[:4], SamplingParams(max_tokens=MAX_TOKENS))
+    outputs = engine.generate(prompts[:4], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     assert [o.token_ids for o in outputs] == expected[:4]
 
 
@@ -71,7 +88,7 @@ def test_an_injected_decode_function_serves_the_decode_rows(case):
         return paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, backend="reference")
 
     engine = LLMEngine(model, EngineConfig(page_size=4), attention=my_decode)
-    outputs = engine.generate(prompts[:3], SamplingParams(max_tokens=MAX_TOKENS))
+    outputs = engine.generate(prompts[:3], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     assert [o.token_ids for o in outputs] == expected[:3]
     assert calls, "the injected attention was never called"
 

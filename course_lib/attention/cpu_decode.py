@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..native import DTYPES, Kernel
+from ..native import Kernel
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 

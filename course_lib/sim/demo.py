@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     matplotlib.use("Agg")
     from course_lib.sim.metrics import format_table
-    from course_lib.sim.simulate import make_engine_config, simulate
+    from course_lib.sim.simulate import make_engine_config
     from course_lib.sim.sweep import run_many
     from course_lib.sim.workload import ClosedLoopUsers
 
