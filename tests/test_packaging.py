@@ -44,15 +44,16 @@ def test_shell_scripts_parse():
 
 
 def test_package_data_ships_the_files_the_code_opens():
-    """A wheel carries only .py files and what package-data lists: the C kernel's source and the
+    """A wheel carries only .py files and what package-data lists: the C kernels' sources and the
     tiny model's files must be in that list, or an installed course_lib cannot find them."""
     from fnmatch import fnmatch
 
     from course_lib.attention import cpu_decode
+    from course_lib.model import cpu_forward
     from course_lib.model.tiny import TINY_DIR
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["course_lib"]
-    needed = [cpu_decode.SOURCE, *(TINY_DIR / f for f in ("config.json", "tokenizer.json", "model.safetensors"))]
+    needed = [cpu_decode.SOURCE, cpu_forward.SOURCE, *(TINY_DIR / f for f in ("config.json", "tokenizer.json", "model.safetensors"))]
     for path in needed:
         rel = path.relative_to(ROOT / "course_lib").as_posix()
         assert any(fnmatch(rel, p) for p in patterns), f"{rel} is not in [tool.setuptools.package-data]"
