@@ -2,7 +2,9 @@
 
 `ModelRunner` builds one flat batch (token ids, positions, slot mapping, block tables,
 sequence lengths, query start offsets) and runs the real model over it; attention reads and
-writes the paged pool. `ScriptedRunner` computes nothing: each request ends at the length
+writes the paged pool. Two ways to run that forward pass (`EngineConfig.forward`): "eager", the
+PyTorch model of transformer.py with `PagedAttend` as its attention, and, on CPUs, "cpu", the
+same step in one C call (model/cpu_forward.py), which "auto" prefers where it applies. `ScriptedRunner` computes nothing: each request ends at the length
 its workload scripted, so thousands of requests simulate in seconds.
 """
 from __future__ import annotations
