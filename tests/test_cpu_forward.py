@@ -94,16 +94,17 @@ def test_bad_batches_are_refused_and_write_nothing():
     L = model.config.num_layers
     forward = CpuForward(model, caches[:L], caches[L:])
     before = [c.clone() for c in caches]
-    bad = {
-        "token id outside the vocabulary": dict(ids=batch["ids"].clone().index_fill_(0, torch.tensor([3]), 53)),
-        "slot outside the KV cache": dict(slot_mapping=batch["slot_mapping"] + 10_000),
-        "page id outside the pool": dict(block_tables=batch["block_tables"].clone().fill_(-1)),
-        "logits row outside the batch": dict(logits_rows=torch.tensor([7])),
-        "sequence lengths inconsistent": dict(seq_lens=torch.tensor([6, 5], dtype=torch.int32)),
-        "must be a contiguous CPU torch.int32": dict(seq_lens=batch["seq_lens"].long()),
-        r"query_start_loc \[3\]": dict(query_start_loc=batch["query_start_loc"][:2]),
-    }
-    for message, change in bad.items():
+    bad = [
+        ("token id outside the vocabulary", dict(ids=batch["ids"].clone().index_fill_(0, torch.tensor([3]), 53))),
+        ("slot outside the KV cache", dict(slot_mapping=batch["slot_mapping"] + 10_000)),
+        ("page id outside the pool", dict(block_tables=batch["block_tables"].clone().fill_(-1))),
+        ("logits row outside the batch", dict(logits_rows=torch.tensor([7]))),
+        ("more logits rows than tokens", dict(logits_rows=torch.zeros(8, dtype=torch.long))),
+        ("sequence lengths inconsistent", dict(seq_lens=torch.tensor([6, 5], dtype=torch.int32))),
+        ("must be a contiguous CPU torch.int32", dict(seq_lens=batch["seq_lens"].long())),
+        (r"query_start_loc \[3\]", dict(query_start_loc=batch["query_start_loc"][:2])),
+    ]
+    for message, change in bad:
         with pytest.raises(ValueError, match=message):
             forward(**{**batch, **change})
     assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(caches, before))

@@ -177,6 +177,8 @@ static int check_inputs(const int64_t *ids, const int64_t *positions, const int6
             if (block_tables[s * table_width + p] < 0 || block_tables[s * table_width + p] >= num_pages)
                 return BAD_PAGE;
     }
+    if (R > T) /* their final norms go to a buffer of T rows */
+        return BAD_ROW;
     for (int64_t r = 0; r < R; r++)
         if (logit_rows[r] < 0 || logit_rows[r] >= T)
             return BAD_ROW;
