@@ -100,18 +100,19 @@ def _model(kind: str) -> Transformer:
     return model
 
 
-def _best_ms(fn, repeats: int, min_seconds: float = 0.05) -> float:
-    fn()  # warm-up
+def _calls_per_timing(fn, min_seconds: float = 0.05) -> int:
+    """How many calls of `fn` make one timing of at least `min_seconds` (after a warm-up call)."""
+    fn()
     start = time.perf_counter()
     fn()
-    k = max(1, int(min_seconds / max(time.perf_counter() - start, 1e-6)))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(k):
-            fn()
-        best = min(best, (time.perf_counter() - start) / k)
-    return best * 1e3
+    return max(1, int(min_seconds / max(time.perf_counter() - start, 1e-6)))
+
+
+def _ms_per_call(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e3
 
 
 def bench_forward(cases=CASES, repeats: int = 5, threads: int | None = 1) -> dict:
@@ -122,17 +123,27 @@ def bench_forward(cases=CASES, repeats: int = 5, threads: int | None = 1) -> dic
     try:
         models, rows = {}, []
         for name, kind, contexts in cases:
-            model = models.get(kind) or models.setdefault(kind, _model(kind))
+            if kind not in models:
+                models[kind] = _model(kind)
+            model = models[kind]
             caches, batch, num_decodes = make_step(model, contexts)
             for c in caches:  # the eager path's gathers read whole pages: no NaN for timing
                 c.nan_to_num_(0.0)
             L = model.config.num_layers
             forward = CpuForward(model, caches[:L], caches[L:])
+
+            def c_step():
+                return forward(**batch)
+
+            def eager():
+                return eager_step(model, caches, batch, num_decodes, "cpu")
+
+            c_calls, eager_calls = _calls_per_timing(c_step), _calls_per_timing(eager)
             c_ms, eager_ms = [], []
             for _ in range(repeats):  # interleaved: a busy minute slows both sides
-                c_ms.append(_best_ms(lambda: forward(**batch), 1))
-                eager_ms.append(_best_ms(lambda: eager_step(model, caches, batch, num_decodes, "cpu"), 1))
-            diff = float((forward(**batch) - eager_step(model, caches, batch, num_decodes, "cpu")).abs().max())
+                c_ms.append(_ms_per_call(c_step, c_calls))
+                eager_ms.append(_ms_per_call(eager, eager_calls))
+            diff = float((c_step() - eager()).abs().max())
             rows.append({"case": name, "tokens": int(batch["ids"].shape[0]), "c_ms": min(c_ms),
                          "eager_ms": min(eager_ms), "ratio": min(c_ms) / min(eager_ms), "max_logit_diff": diff})
         return {"threads": torch.get_num_threads(), "repeats": repeats, "cases": rows}
