@@ -4,8 +4,9 @@
 sequence lengths, query start offsets) and runs the real model over it; attention reads and
 writes the paged pool. Two ways to run that forward pass (`EngineConfig.forward`): "eager", the
 PyTorch model of transformer.py with `PagedAttend` as its attention, and, on CPUs, "cpu", the
-same step in one C call (model/cpu_forward.py), which "auto" prefers where it applies. `ScriptedRunner` computes nothing: each request ends at the length
-its workload scripted, so thousands of requests simulate in seconds.
+same step in one C call (model/cpu_forward.py), which "auto" prefers where it applies.
+`ScriptedRunner` computes nothing: each request ends at the length its workload scripted, so
+thousands of requests simulate in seconds.
 """
 from __future__ import annotations
 
@@ -144,7 +145,8 @@ class ModelRunner:
                 load_kernel(model.dtype)
             self.decode_fn, self.prefill_fn = backend_functions(self.attention_backend, self.device)
         self.forward = resolve_forward(forward, self.attention_backend, model.dtype, callable(attention))
-        self.forward_setting, self.steps_by_forward = forward, {"cpu": 0, "eager": 0}
+        # "auto" (not an explicit "cpu") gives steps with long prefill chunks to the PyTorch model
+        self.long_prefills_eager, self.steps_by_forward = forward == "auto", {"cpu": 0, "eager": 0}
         self.attention_width = model.config.num_heads * model.config.head_dim
         self.cpu_forward = None
         if self.forward == "cpu":
@@ -195,8 +197,8 @@ class ModelRunner:
         ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(positions, dtype=torch.long, device=dev)
         logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
-        if self.cpu_forward is not None and (self.forward_setting == "cpu" or
-                                             prefill_pairs * self.attention_width <= EAGER_PREFILL_WORK):
+        if self.cpu_forward is not None and not (self.long_prefills_eager and
+                                                 prefill_pairs * self.attention_width > EAGER_PREFILL_WORK):
             self.steps_by_forward["cpu"] += 1
             logits = self.cpu_forward(ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                                       logits_rows)

@@ -53,7 +53,8 @@ def test_package_data_ships_the_files_the_code_opens():
     from course_lib.model.tiny import TINY_DIR
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["course_lib"]
-    needed = [cpu_decode.SOURCE, cpu_forward.SOURCE, *(TINY_DIR / f for f in ("config.json", "tokenizer.json", "model.safetensors"))]
+    tiny_files = (TINY_DIR / f for f in ("config.json", "tokenizer.json", "model.safetensors"))
+    needed = [cpu_decode.SOURCE, cpu_forward.SOURCE, *tiny_files]
     for path in needed:
         rel = path.relative_to(ROOT / "course_lib").as_posix()
         assert any(fnmatch(rel, p) for p in patterns), f"{rel} is not in [tool.setuptools.package-data]"

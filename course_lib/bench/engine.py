@@ -529,7 +529,8 @@ def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, ste
 
 def format_profile(p: dict) -> str:
     lines = [f"course_lib decode step, {p['running']} running requests, {p['threads']} thread(s), "
-             f"attention {p['attention_backend']}, forward {p['forward']}, median of {p['steps']} steps (load average {p['load_average']}):",
+             f"attention {p['attention_backend']}, forward {p['forward']}, median of {p['steps']} steps "
+             f"(load average {p['load_average']}):",
              ""]
     for k in (*PHASES, "total"):
         share = "" if k == "total" else f"{p['share'][k] * 100:5.1f}%"

@@ -157,14 +157,14 @@ static void attend_rows(const attention_rows *base, const SCALAR *k_cache, const
 static int check_inputs(const int64_t *ids, const int64_t *positions, const int64_t *slot_mapping, int64_t T,
                         const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
                         const int32_t *query_start, int64_t S, const int64_t *logit_rows, int64_t R,
-                        int64_t vocab, int64_t table_len, int64_t num_slots, int64_t num_pages, int64_t page_size)
+                        int64_t vocab, int64_t table_len, int64_t num_pages, int64_t page_size)
 {
     for (int64_t t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= vocab)
             return BAD_TOKEN;
         if (positions[t] < 0 || positions[t] >= table_len)
             return BAD_POSITION;
-        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots)
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_pages * page_size)
             return BAD_SLOT;
     }
     if (query_start[0] != 0 || query_start[S] != T)
@@ -195,7 +195,7 @@ int forward_step(const int64_t *ids, const int64_t *positions, const int64_t *sl
                  int64_t threads, int64_t min_work_per_thread)
 {
     int status = check_inputs(ids, positions, slot_mapping, T, block_tables, table_width, seq_lens, query_start,
-                              S, logit_rows, R, vocab, table_len, num_pages * page_size, num_pages, page_size);
+                              S, logit_rows, R, vocab, table_len, num_pages, page_size);
     if (status != OK || T == 0)
         return status;
     int64_t max_len = 1;

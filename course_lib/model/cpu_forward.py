@@ -30,7 +30,8 @@ LAYER_WEIGHTS = ("input_norm", "qkv_proj", "qkv_bias", "o_proj", "post_attention
 NO_MEMORY, BAD_POSITION = 1, 3
 ERRORS = {2: "token id outside the vocabulary", 3: "position beyond the rotary table",
           4: "slot outside the KV cache", 5: "page id outside the pool where a sequence reads",
-          6: "query rows / sequence lengths inconsistent", 7: "logits row outside the batch, or more logits rows than tokens"}
+          6: "query rows / sequence lengths inconsistent",
+          7: "logits row outside the batch, or more logits rows than tokens"}
 
 
 def _declare(lib: ctypes.CDLL, c_scalar) -> None:
