@@ -1,22 +1,29 @@
 """LLMEngine: add requests, step, collect outputs.
 
-One direction per step, no back-and-forth: the scheduler decides who runs and how many
-tokens each computes (making room in the KV manager, preempting if it must), the runner
-computes one token per finishing chunk, and the engine records: tokens, finishes, timestamps
-and a `StepStats` row that the clock prices and the metrics read.
+One direction per step, no back-and-forth (`step()` is four lines):
+
+1. schedule: `scheduler.next_step()` decides who runs and how many tokens each computes
+   (making room in the KV manager, preempting if it must) and returns a `SchedulerOutput` that
+   holds everything the forward pass needs;
+2. execute: `runner.execute(output)` computes and samples one token per sampling request,
+   reading nothing but the output;
+3. update: `scheduler.update(output, sampled)` advances every scheduled request (progress,
+   tokens, prefix cache, stops, freed pages) and returns those that finished;
+4. record: the engine writes a `StepStats` row, lets the clock price it, stamps the requests'
+   times and returns a `RequestOutput` per request that changed.
 
 Injection points (so that a student's piece can serve real requests): `block_pool`
 (bookkeeping only: allocate / free / share / num_free_pages / ref_counts), `scheduler` (a class
 built like `ContinuousScheduler`), `admission` (an object with `can_admit`), `prefix_cache`
 (an object like `PrefixCache`, built on the pool), `attention` (a function with the
-`paged_decode` signature, used for decode rows), `runner` and `clock`.
+`paged_decode` signature, used for decode rows), `batch_builder` (a function like
+`runner_batch.build_flat_batch`), `runner` and `clock`.
 """
 from __future__ import annotations
 
 import itertools
 
-import torch
-
+from .clock import WallClock
 from .engine_config import EngineConfig
 from .kv.block_pool import BlockPool
 from .kv.manager import KVCacheManager
@@ -26,10 +33,9 @@ from .runner import ModelRunner, ScriptedRunner
 from .scheduler.admission import make_admission
 from .scheduler.continuous import ContinuousScheduler
 from .scheduler.output import StepStats
-from .scheduler.request import FinishReason, Request, RequestStatus
+from .scheduler.request import Request, RequestStatus
 from .scheduler.sampling import SamplingParams
 from .scheduler.static import StaticScheduler
-from .sim.clock import WallClock
 
 
 class RequestOutput:
@@ -90,7 +96,7 @@ def _default_num_pages(config: EngineConfig, max_model_len: int) -> int:
 
 class LLMEngine:
     def __init__(self, model, config: EngineConfig | None = None, *, block_pool=None, scheduler=None,
-                 admission=None, prefix_cache=None, attention=None, runner=None, clock=None):
+                 admission=None, prefix_cache=None, attention=None, batch_builder=None, runner=None, clock=None):
         """`model`: a course_lib Transformer, or just a `ModelConfig` to simulate with the scripted runner."""
         self.config = config = config or EngineConfig()
         self.model = None if isinstance(model, ModelConfig) else model
@@ -100,7 +106,7 @@ class LLMEngine:
         num_pages = config.num_pages or _default_num_pages(config, self.max_model_len)
         contiguous = config.kv_layout == "contiguous"
 
-        # Space: the pool (bookkeeping) and, for a real model, the K/V storage it indexes.
+        # Space: the pool (bookkeeping only; the model runner owns the K/V storage it indexes).
         if contiguous:
             # The same pool with pages of max_model_len slots: one reservation per request.
             total = num_pages * config.page_size
@@ -121,7 +127,7 @@ class LLMEngine:
         scheduler_cls = scheduler or (StaticScheduler if config.scheduler == "static" else ContinuousScheduler)
         self.scheduler = scheduler_cls(self.kv, self.admission, config.max_num_seqs,
                                        config.max_num_batched_tokens, config.enable_chunked_prefill,
-                                       config.preemption)
+                                       config.preemption, eos_token_ids=mc.eos_token_ids)
 
         # Compute.
         if runner is not None:
@@ -129,20 +135,14 @@ class LLMEngine:
         elif self.model is None:
             self.runner = ScriptedRunner(mc.eos_token_ids[0] if mc.eos_token_ids else 0)
         else:
-            shape = (self.pool.num_pages + 1, self.pool.page_size, mc.num_kv_heads, mc.head_dim)
-            dtype, device = self.model.dtype, self.model.device
-            self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(mc.num_layers)]
-            self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(mc.num_layers)]
             backend = attention if attention is not None else config.attention_backend
-            self.runner = ModelRunner(self.model, self.kv, self.k_caches, self.v_caches,
-                                      scratch_page=self.pool.num_pages, attention=backend, seed=config.seed,
-                                      forward=config.forward)
+            self.runner = ModelRunner(self.model, self.pool.num_pages, self.pool.page_size, attention=backend,
+                                      seed=config.seed, forward=config.forward, batch_builder=batch_builder)
 
         self.clock = clock if clock is not None else WallClock()
         self.requests: dict[str, Request] = {}
         self.step_stats: list[StepStats] = []
         self._ids = itertools.count()
-        self._stop_ids = set(mc.eos_token_ids)
 
     # ------------------------------------------------------------------ requests in
     def add_request(self, prompt_token_ids, sampling_params: SamplingParams | None = None, request_id=None,
@@ -156,8 +156,11 @@ class LLMEngine:
         request_id = str(request_id)
         self._validate(request_id, prompt_token_ids, params)
         request = Request(request_id, list(prompt_token_ids), params,
-                          arrival_time=self.clock.now() if arrival_time is None else arrival_time,
-                          scripted_output_len=scripted_output_len)
+                          arrival_time=self.clock.now() if arrival_time is None else arrival_time)
+        if scripted_output_len is not None:  # the scripted runner's stop length (a model decides for itself)
+            set_output_len = getattr(self.runner, "set_output_len", None)
+            if set_output_len is not None:
+                set_output_len(request_id, scripted_output_len)
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request_id
@@ -190,7 +193,7 @@ class LLMEngine:
         if request.is_finished:
             return
         self.scheduler.abort(request)
-        self._deliver(request, FinishReason.ABORTED, self.clock.now())
+        request.finish_time = self.clock.now()
 
     # ------------------------------------------------------------------ one step
     @property
@@ -199,61 +202,35 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One scheduling decision and one forward pass. Returns the requests that changed."""
-        out = self.scheduler.schedule()
         start = self.clock.now()
-        tokens = self.runner.execute(out, self.requests) if (out.scheduled or out.num_padded_tokens) else {}
+        out = self.scheduler.next_step()
+        sampled = self.runner.execute(out)
+        finished = self.scheduler.update(out, sampled)
+        return self._record(out, sampled, finished, start)
+
+    def _record(self, out, sampled: dict, finished: list[Request], start: float) -> list[RequestOutput]:
+        """The step's stats (priced by the clock), the requests' timestamps, and their outputs."""
         stats = self._stats(out, start)
         self.clock.charge(stats)
         end = stats.end_time = self.clock.now()
-
+        self.step_stats.append(stats)
         # Request id -> (request, tokens it produced this step). Written for speed: it runs for
         # every running request every step.
-        changed: dict[str, tuple[Request, list[int]]] = {}
-        for r in out.failed:
-            self._deliver(r, FinishReason.ERROR, end)
-            changed[r.request_id] = (r, [])
-        requests, commit = self.requests, (self.kv.commit if self.prefix_cache is not None else None)
+        requests = self.requests
+        changed: dict[str, tuple[Request, list[int]]] = {rid: (requests[rid], []) for rid in out.failed}
         for s in out.scheduled:
             r = requests[s.request_id]
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
-            r.num_computed_tokens += s.num_new_tokens
-            if commit is not None:
-                commit(r)
-            if not s.samples:
-                continue
-            token = tokens[s.request_id]
-            r.output_token_ids.append(token)
-            changed[r.request_id] = (r, [token])
-            if r.first_token_time is None:
-                r.first_token_time = end
-            reason = self._stop_reason(r, token)
-            if reason is not None:
-                r.finish_reason = reason
-                for done in self.scheduler.finish(r):
-                    self._deliver(done, done.finish_reason, end)
-                    changed.setdefault(done.request_id, (done, []))
-        stats.kv_used_slots = self.kv.used_slots()
-        stats.kv_allocated_slots = self.kv.allocated_slots()
-        self.step_stats.append(stats)
+            if s.samples:
+                changed[s.request_id] = (r, [sampled[s.request_id]])
+                if r.first_token_time is None:
+                    r.first_token_time = end
+        for r in finished:
+            r.finish_time = end
+            changed.setdefault(r.request_id, (r, []))
         of = RequestOutput.of
         return [of(r, new) for r, new in changed.values()]
-
-    def _stop_reason(self, r: Request, token: int) -> FinishReason | None:
-        p = r.sampling_params
-        if token in p.stop_token_ids:
-            return FinishReason.STOP
-        if token in self._stop_ids and not p.ignore_eos:
-            return FinishReason.EOS
-        num_output = len(r.output_token_ids)  # (not the properties: this runs for every token)
-        if num_output >= p.max_tokens or len(r.prompt_token_ids) + num_output >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
-
-    def _deliver(self, r: Request, reason: FinishReason, now: float) -> None:
-        r.status = RequestStatus.FINISHED
-        r.finish_reason = reason
-        r.finish_time = now
 
     def _stats(self, out, start: float) -> StepStats:
         prefill = decode = read = pairs = 0
@@ -274,10 +251,11 @@ class LLMEngine:
                     owners[page] = rid
         return StepStats(
             step=len(self.step_stats), start_time=start, end_time=self.clock.now(),
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_running=out.num_running, num_waiting=out.num_waiting,
             num_prefill_tokens=prefill, num_decode_tokens=decode, num_padded_tokens=out.num_padded_tokens,
             context_tokens_read=read, attention_context_tokens=pairs,
-            kv_tokens_written=out.num_scheduled_tokens, kv_used_slots=0, kv_allocated_slots=0,
+            kv_tokens_written=out.num_scheduled_tokens, kv_used_slots=self.kv.used_slots(),
+            kv_allocated_slots=self.kv.allocated_slots(),
             kv_total_slots=self.pool.num_pages * self.pool.page_size,
             num_preemptions=len(out.preempted), page_owners=owners,
         )

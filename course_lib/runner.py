@@ -1,8 +1,9 @@
-"""Runners turn a SchedulerOutput into one new token per sampling request.
+"""Runners turn a SchedulerOutput into one new token per sampling request. They read nothing
+but the SchedulerOutput: no request, no KV manager.
 
-`ModelRunner` builds one flat batch (token ids, positions, slot mapping, block tables,
-sequence lengths, query start offsets) and runs the real model over it; attention reads and
-writes the paged pool. Two ways to run that forward pass (`EngineConfig.forward`): "eager", the
+`ModelRunner` owns the K/V tensors, builds one flat batch (runner_batch.py: token ids,
+positions, slot mapping, block tables, sequence lengths, query start offsets) and runs the
+real model over it; attention writes and reads the K/V through the slots and block tables. Two ways to run that forward pass (`EngineConfig.forward`): "eager", the
 PyTorch model of transformer.py with `PagedAttend` as its attention, and, on CPUs, "cpu", the
 same step in one C call (model/cpu_forward.py), which "auto" prefers where it applies.
 `ScriptedRunner` computes nothing: each request ends at the length its workload scripted, so
@@ -11,11 +12,13 @@ thousands of requests simulate in seconds.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from .attention import default_backend, paged_decode, paged_prefill, write_kv
 from .attention.torch_paged import paged_decode_torch, paged_prefill_torch, plan_decode, plan_prefill
+from .runner_batch import build_flat_batch
 from .sampler import sample
 from .scheduler.output import SchedulerOutput
 
@@ -126,12 +129,22 @@ EAGER_PREFILL_WORK = 2**24
 
 
 class ModelRunner:
-    def __init__(self, model, kv, k_caches, v_caches, scratch_page: int, attention="auto", seed: int = 0,
-                 forward: str = "auto"):
-        self.model, self.kv = model, kv
-        self.k_caches, self.v_caches, self.scratch_page = k_caches, v_caches, scratch_page
+    """Runs the real model over one SchedulerOutput. Owns the K/V storage: per layer a pair of
+    tensors `[num_pages + 1, page_size, num_kv_heads, head_dim]`, indexed by the pool's page ids;
+    the extra last page is a scratch page that padding rows (static batching) write to."""
+
+    def __init__(self, model, num_pages: int, page_size: int, attention="auto", seed: int = 0,
+                 forward: str = "auto", batch_builder=None):
+        self.model = model
         self.device = model.device
-        self.scale = 1.0 / math.sqrt(model.config.head_dim)
+        mc = model.config
+        self.page_size, self.scratch_page = page_size, num_pages
+        self.pad_slot = self.scratch_page * page_size
+        shape = (num_pages + 1, page_size, mc.num_kv_heads, mc.head_dim)
+        self.k_caches = [torch.zeros(shape, dtype=model.dtype, device=self.device) for _ in range(mc.num_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=model.dtype, device=self.device) for _ in range(mc.num_layers)]
+        self.batch_builder = batch_builder if batch_builder is not None else build_flat_batch
+        self.scale = 1.0 / math.sqrt(mc.head_dim)
         if callable(attention):  # a paged_decode-style function from outside (e.g. a student's)
             self.attention_backend = getattr(attention, "__name__", "custom")
             self.decode_fn, self.prefill_fn = attention, backend_functions("auto", self.device, model.dtype)[1]
@@ -147,85 +160,89 @@ class ModelRunner:
         self.forward = resolve_forward(forward, self.attention_backend, model.dtype, callable(attention))
         # "auto" (not an explicit "cpu") gives steps with long prefill chunks to the PyTorch model
         self.long_prefills_eager, self.steps_by_forward = forward == "auto", {"cpu": 0, "eager": 0}
-        self.attention_width = model.config.num_heads * model.config.head_dim
+        self.attention_width = mc.num_heads * mc.head_dim
         self.cpu_forward = None
         if self.forward == "cpu":
             from .model.cpu_forward import CpuForward
 
-            self.cpu_forward = CpuForward(model, k_caches, v_caches)
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.pad_token_id = model.config.pad_token_id or 0
+            self.cpu_forward = CpuForward(model, self.k_caches, self.v_caches)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)  # for unseeded sampling
+        self.generators: dict[str, torch.Generator] = {}  # request id -> its own, for seeded sampling
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, requests: dict) -> dict[str, int]:
-        ps = self.kv.page_size
-        # Padding rows (static batching) first, then decodes, then prefill chunks.
-        ids = [self.pad_token_id] * out.num_padded_tokens
-        positions = [0] * out.num_padded_tokens
-        slots = [self.scratch_page * ps] * out.num_padded_tokens
-        tables = [[self.scratch_page]] * out.num_padded_tokens
-        seq_lens = [1] * out.num_padded_tokens
-        starts = list(range(out.num_padded_tokens + 1))
-        logits_rows, sampling = [], []
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """One forward pass over `out`; returns the sampled token of each sampling request."""
+        for rid in out.finished_ids:
+            self.generators.pop(rid, None)
+        if not out.scheduled and not out.num_padded_tokens:
+            return {}
+        # Single-token rows (decodes) first: the attention splits the batch there.
+        scheduled = sorted(out.scheduled, key=lambda s: s.num_new_tokens > 1)
+        ordered = replace(out, scheduled=scheduled)
+        batch = self.batch_builder(ordered, self.page_size, self.device, self.pad_slot)
         num_decodes = out.num_padded_tokens
         prefill_pairs = 0  # (query, visible token) pairs of the prefill chunks: their attention work
-        for s in sorted(out.scheduled, key=lambda s: s.num_new_tokens > 1):
-            request = requests[s.request_id]
-            n, start = s.num_new_tokens, s.start
+        logits_rows, params, ids = [], [], []
+        row = out.num_padded_tokens - 1
+        for s in scheduled:
+            n = s.num_new_tokens
+            row += n
             if n == 1:
                 num_decodes += 1
-                prompt = request.prompt_token_ids
-                ids.append(prompt[start] if start < len(prompt) else request.output_token_ids[start - len(prompt)])
             else:
-                ids.extend(request.all_token_ids[start : start + n])
-                prefill_pairs += n * start + n * (n + 1) // 2
-            positions.extend(range(start, start + n))
-            slots.extend(self.kv.slots(s.request_id, start, n))
-            tables.append(self.kv.block_table(s.request_id))
-            seq_lens.append(start + n)
-            starts.append(starts[-1] + n)
+                prefill_pairs += n * s.start + n * (n + 1) // 2
             if s.samples:
-                logits_rows.append(starts[-1] - 1)
-                sampling.append(request)
-        width = max(len(t) for t in tables)
-        dev = self.device
-        slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
-        block_tables = torch.tensor([t + [self.scratch_page] * (width - len(t)) for t in tables],
-                                    dtype=torch.int32, device=dev)
-        seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
-        query_start_loc = torch.tensor(starts, dtype=torch.int32, device=dev)
-        ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(positions, dtype=torch.long, device=dev)
-        logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
+                logits_rows.append(row)
+                params.append(s.sampling_params)
+                ids.append(s.request_id)
+        logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
         if self.cpu_forward is not None and not (self.long_prefills_eager and
                                                  prefill_pairs * self.attention_width > EAGER_PREFILL_WORK):
             self.steps_by_forward["cpu"] += 1
-            logits = self.cpu_forward(ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                                      logits_rows)
+            logits = self.cpu_forward(batch.token_ids, batch.positions, batch.slot_mapping, batch.block_tables,
+                                      batch.seq_lens, batch.query_start_loc, logits_rows)
         else:
             self.steps_by_forward["eager"] += 1
-            meta = {"slot_mapping": slot_mapping, "block_tables": block_tables, "seq_lens": seq_lens,
-                    "query_start_loc": query_start_loc, "num_decodes": num_decodes}
+            meta = {"slot_mapping": batch.slot_mapping, "block_tables": batch.block_tables,
+                    "seq_lens": batch.seq_lens, "query_start_loc": batch.query_start_loc, "num_decodes": num_decodes}
             attend = PagedAttend(self.k_caches, self.v_caches, meta, self.decode_fn, self.prefill_fn, self.scale)
-            logits = self.model(ids, positions, attend, logits_indices=logits_rows)
-        if not sampling:
+            logits = self.model(batch.token_ids, batch.positions, attend, logits_indices=logits_rows)
+        if not ids:
             return {}
-        tokens = sample(logits, sampling, self.generator)
-        return {r.request_id: t for r, t in zip(sampling, tokens)}
+        tokens = sample(logits, params, [self._generator(rid, p) for rid, p in zip(ids, params)])
+        return dict(zip(ids, tokens))
+
+    def _generator(self, request_id: str, params) -> torch.Generator:
+        if params.seed is None:
+            return self.generator
+        gen = self.generators.get(request_id)
+        if gen is None:
+            gen = self.generators[request_id] = torch.Generator(device="cpu").manual_seed(params.seed)
+        return gen
 
 
 class ScriptedRunner:
-    """No model: a request emits filler tokens and then EOS at its scripted output length."""
+    """No model: a request emits filler tokens and then EOS at its scripted output length (set
+    with `set_output_len`; its `max_tokens` if none was set)."""
 
     def __init__(self, eos_token_id: int, filler_token_id: int = 3):
         self.eos_token_id, self.filler_token_id = eos_token_id, filler_token_id
+        self.output_lens: dict[str, int] = {}  # request id -> the length it stops at
+        self.num_emitted: dict[str, int] = {}  # request id -> tokens it has produced
 
-    def execute(self, out: SchedulerOutput, requests: dict) -> dict[str, int]:
+    def set_output_len(self, request_id: str, output_len: int) -> None:
+        self.output_lens[request_id] = output_len
+
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        lens, emitted = self.output_lens, self.num_emitted
+        for rid in out.finished_ids:
+            lens.pop(rid, None)
+            emitted.pop(rid, None)
         tokens = {}
         for s in out.scheduled:
             if s.samples:
-                request = requests[s.request_id]
-                target = request.scripted_output_len or request.sampling_params.max_tokens
-                done = request.num_output_tokens + 1 >= target
-                tokens[s.request_id] = self.eos_token_id if done else self.filler_token_id
+                rid = s.request_id
+                k = emitted[rid] = emitted.get(rid, 0) + 1
+                target = lens.get(rid) or s.sampling_params.max_tokens
+                tokens[rid] = self.eos_token_id if k >= target else self.filler_token_id
         return tokens

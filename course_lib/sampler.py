@@ -1,13 +1,14 @@
 """Turn logits into tokens: greedy, temperature, top-k, top-p, with per-request seeds.
 
-A seeded request draws from its own `torch.Generator`, so its samples do not depend on
-which other requests share the batch, nor on when it was preempted and recomputed.
+A seeded request draws from its own `torch.Generator` (the runner keeps one per request id),
+so its samples do not depend on which other requests share the batch, nor on when it was
+preempted and recomputed.
 """
 from __future__ import annotations
 
 import torch
 
-from .scheduler.request import Request
+from .scheduler.sampling import SamplingParams
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -23,17 +24,14 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
-def sample(logits: torch.Tensor, requests: list[Request], default_generator: torch.Generator) -> list[int]:
-    """logits: [len(requests), vocab]. One token per request."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+    """logits: [len(params), vocab]. One token per row; row i samples with `params[i]`, drawing
+    from `generators[i]` (a torch.Generator; unused for greedy rows)."""
     tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done; sampled rows are overwritten
-    for row, request in enumerate(requests):
-        params = request.sampling_params
-        if params.greedy:
+    for row, p in enumerate(params):
+        if p.greedy:
             continue
-        if params.seed is not None and request.generator is None:
-            request.generator = torch.Generator(device="cpu").manual_seed(params.seed)
-        gen = request.generator if params.seed is not None else default_generator
-        scores = _filter_top_k_top_p(logits[row].float().cpu() / params.temperature, params.top_k, params.top_p)
+        scores = _filter_top_k_top_p(logits[row].float().cpu() / p.temperature, p.top_k, p.top_p)
         probs = torch.softmax(scores, dim=-1)
-        tokens[row] = int(torch.multinomial(probs, 1, generator=gen))
+        tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]))
     return tokens

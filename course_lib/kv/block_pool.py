@@ -1,7 +1,8 @@
-"""The physical KV memory: a fixed pool of pages, a free queue and reference counts.
+"""The KV memory's bookkeeping: a fixed pool of page ids, a free queue and reference counts.
 
-Storage is allocated once, up front, one pair of tensors per layer:
-`[num_pages, page_size, num_kv_heads, head_dim]`. Requests never own memory, only page ids.
+It holds no tensors: the model runner allocates the K/V storage, one pair of tensors per layer
+of `[num_pages, page_size, num_kv_heads, head_dim]`, and a page id here is an index into them.
+Requests never own memory, only page ids.
 
 Free pages wait in one queue that doubles as the prefix cache's LRU: a page whose contents
 are still worth keeping (it carries a prefix-cache key) goes to the *back* when freed, a
@@ -12,34 +13,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import torch
-
 
 class OutOfPages(RuntimeError):
     """Asked for more pages than are free. The scheduler prevents this; seeing it is a bug."""
 
 
 class BlockPool:
-    def __init__(
-        self,
-        num_pages: int,
-        page_size: int,
-        num_layers: int = 0,
-        num_kv_heads: int = 0,
-        head_dim: int = 0,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ):
+    def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"need num_pages >= 1 and page_size >= 1, got {num_pages} and {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
-        # num_layers == 0 gives a pool with bookkeeping only (the scripted runner computes nothing).
-        # One extra page at the end is a scratch page: padding rows of the static batcher write there.
-        shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
-        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.scratch_page = num_pages
         self.ref_counts = [0] * num_pages
         self._free: OrderedDict[int, None] = OrderedDict((p, None) for p in range(num_pages))
         # Set by the prefix cache: called with a page id when a cached page is about to be reused.

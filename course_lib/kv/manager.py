@@ -1,9 +1,11 @@
 """The KV manager: makes room for each scheduled token, or says no.
 
-It keeps one page table per request on top of a shared `BlockPool`, answers the scheduler's
-questions (`can_allocate`), performs its actions (`allocate`, `free`), hands the runner slot
-numbers and block tables, and counts waste: slots reserved for a request but not (yet) holding
-one of its tokens.
+It keeps one page table per request on top of a shared `BlockPool` (bookkeeping only: the K/V
+tensors belong to the model runner), answers the scheduler's questions (`can_allocate`),
+performs its actions (`allocate`: room for more tokens of a request; `free`: all of a request's
+pages back), offers full pages to the prefix cache (`commit`), and counts waste: slots reserved
+for a request but not (yet) holding one of its tokens. It reads a request's progress counter
+but never writes it: the scheduler does.
 
 The contiguous baseline is the same code with one page of `max_model_len` slots per request
 (`reserve_max_len=True`): the first token reserves room for the longest possible sequence,
@@ -106,37 +108,42 @@ class KVCacheManager:
         self.filled[rid] = computed + 1
         return True
 
-    def allocate(self, request, num_new_tokens: int, cached_pages=()) -> None:
+    def allocate(self, request, num_new_tokens: int, cached_pages=()) -> int:
         """Room for `num_new_tokens` more tokens of `request` (raises OutOfPages if there is none).
-        On a request's first allocation, `cached_pages` (from lookup_prefix) become its first pages
-        and its progress counter jumps over them."""
+        On a request's first allocation, `cached_pages` (from lookup_prefix) become its first pages.
+        Returns how many tokens those cached pages hold (0 after the first allocation): the
+        scheduler moves the request's progress past them, this manager never does."""
         rid = request.request_id
         table = self.tables.get(rid)
+        cached_tokens = 0
         if table is None:
             table = self.tables[rid] = PageTable(self.page_size)
+            cached_tokens = len(cached_pages) * self.page_size
             if cached_pages:
                 for page in cached_pages:
                     self.pool.share(page)
                 table.pages.extend(cached_pages)
                 self._num_held_pages += len(cached_pages)
-                request.num_computed_tokens = len(cached_pages) * self.page_size
                 _, serial = self.prefix_cache.lookup(request.all_token_ids, len(cached_pages))
                 self._chain[rid] = (len(cached_pages), serial)
             if self.prefix_cache is not None:
                 self.prefix_cache.queried_tokens += request.num_prompt_tokens
-                self.prefix_cache.hit_tokens += min(len(cached_pages) * self.page_size, request.num_prompt_tokens)
-            request.num_cached_tokens = len(cached_pages) * self.page_size
-        target = self._target_slots(request, num_new_tokens)
+                self.prefix_cache.hit_tokens += min(cached_tokens, request.num_prompt_tokens)
+            filled = cached_tokens + num_new_tokens
+        else:
+            filled = request.num_computed_tokens + num_new_tokens
+        target = self.max_model_len if self.reserve_max_len else filled
         need = self.pages_to_hold(target) - len(table.pages)
         if need > 0:
             table.pages.extend(self.pool.allocate(need))
             self._num_held_pages += need
-        filled = request.num_computed_tokens + num_new_tokens
         self._num_filled += filled - self.filled.get(rid, 0)
         self.filled[rid] = filled
+        return cached_tokens
 
     def commit(self, request) -> None:
-        """After a step: offer the request's newly completed pages to the prefix cache."""
+        """After a step: offer the request's newly completed pages to the prefix cache (the
+        pages its progress counter has moved past)."""
         if self.prefix_cache is None or self.reserve_max_len:
             return
         rid = request.request_id

@@ -1,4 +1,18 @@
-"""What both schedulers share: two queues, preemption by recompute, and retiring requests."""
+"""What every scheduler shares: two queues, preemption by recompute, and the one place where a
+request advances.
+
+A scheduler subclass writes `schedule()` (who runs this step, how many tokens each) and
+`finish(request)` (retire a request that produced its last token). This base does the rest of
+a request's life, so that its progress counter, `num_computed_tokens`, is written in this file
+only:
+
+- `_admit` starts a request (after a prefix-cache hit, at the first uncached token);
+- `_make_room` preempts when pages run out: `choose_victim()` says who, `preempt(victim)` gives
+  its pages back and requeues it to be recomputed (both meant to be overridden);
+- `next_step()` completes the subclass's decision into the runner's whole input;
+- `update(output, sampled)` advances every scheduled request after the forward pass: progress,
+  new token, full pages into the prefix cache, stop decision, retirement.
+"""
 from __future__ import annotations
 
 from collections import deque
@@ -9,7 +23,7 @@ from .request import FinishReason, Request, RequestStatus
 
 class SchedulerBase:
     def __init__(self, kv, admission, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, preemption: str = "recompute"):
+                 enable_chunked_prefill: bool = True, preemption: str = "recompute", eos_token_ids=()):
         if preemption not in ("recompute", "fail"):
             raise ValueError(f"preemption must be 'recompute' or 'fail', got {preemption!r}")
         self.kv = kv
@@ -18,61 +32,83 @@ class SchedulerBase:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.preemption = preemption
+        self.eos_token_ids = frozenset(eos_token_ids)  # the model's EOS: ends a request unless ignore_eos
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the youngest is last
         self.num_preemptions = 0
         self._admit_counter = 0
+        self._live: dict[str, Request] = {}  # every request added and not yet delivered, by id
+        self._gone: list[str] = []  # ids delivered since the last step (the runner may drop their state)
 
     # -- questions --------------------------------------------------------------------------
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # -- actions ----------------------------------------------------------------------------
-    def add(self, request: Request) -> None:
-        self.waiting.append(request)
-
-    def _admit(self, request: Request, num_new_tokens: int, cached_pages) -> None:
-        self.kv.allocate(request, num_new_tokens, cached_pages)
-        request.status = RequestStatus.RUNNING
-        request.admit_seq = self._admit_counter
-        self._admit_counter += 1
-        self.running.append(request)
-
-    def _preempt_youngest(self, out: SchedulerOutput) -> Request:
-        """Out of pages: the most recently admitted request gives its pages back and goes to the
-        front of the queue, to be recomputed from its prompt and the tokens it already produced."""
-        # The youngest request still generating (a static bus's finished passengers hold no pages).
-        index = max(i for i, r in enumerate(self.running) if r.finish_reason is None)
-        victim = self.running.pop(index)
-        self.kv.free(victim)
-        victim.num_computed_tokens = 0
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
-        out.preempted.append(victim.request_id)
-        if self.preemption == "fail":
-            victim.status = RequestStatus.FINISHED
-            victim.finish_reason = FinishReason.ERROR
-            victim.error = (f"out of KV pages mid-generation ({self.kv.num_pages} pages in the pool) "
-                            "and preemption is off")
-            out.failed.append(victim)
-        else:
-            victim.status = RequestStatus.PREEMPTED
-            self.waiting.appendleft(victim)
-        return victim
-
-    def _make_room(self, request: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
-        """Preempt younger requests until `request` can grow by `num_new_tokens`.
-        False if `request` itself had to go."""
-        while not self.kv.can_allocate(request, num_new_tokens):
-            if self._preempt_youngest(out) is request:
-                return False
-        return True
+    # -- what a subclass writes -------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Who runs this step and how many tokens each computes: one `ScheduledRequest` each."""
+        raise NotImplementedError
 
     def finish(self, request: Request) -> list[Request]:
         """`request` has produced its last token. Returns the requests whose answers are now
         delivered (the continuous scheduler delivers at once; the static one when the bus arrives)."""
         raise NotImplementedError
+
+    # -- preemption (override these to choose differently) ----------------------------------
+    def choose_victim(self) -> Request:
+        """The running request that gives its pages back when the pool is full: the youngest
+        still generating (a static bus's finished passengers hold no pages)."""
+        return self.running[max(i for i, r in enumerate(self.running) if r.finish_reason is None)]
+
+    def preempt(self, request: Request) -> None:
+        """Preemption by recompute: `request` leaves the batch, gives back every page, forgets its
+        progress and waits at the front of the queue, to be recomputed from its prompt and the
+        tokens it already produced (those are kept)."""
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+    # -- actions the subclass calls ---------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self._live[request.request_id] = request
+        self.waiting.append(request)
+
+    def _admit(self, request: Request, num_new_tokens: int, cached_pages) -> None:
+        """Start `request` with room for `num_new_tokens`; it skips the tokens its cached pages hold."""
+        request.num_cached_tokens = self.kv.allocate(request, num_new_tokens, cached_pages)
+        request.num_computed_tokens = request.num_cached_tokens
+        request.status = RequestStatus.RUNNING
+        request.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        self.running.append(request)
+
+    def _make_room(self, request: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
+        """Preempt running requests until `request` can grow by `num_new_tokens`.
+        False if `request` itself had to go."""
+        while not self.kv.can_allocate(request, num_new_tokens):
+            victim = self.choose_victim()
+            victim.num_preemptions += 1
+            self.num_preemptions += 1
+            out.preempted.append(victim.request_id)
+            if self.preemption == "fail":
+                self._fail(victim, out)
+            else:
+                self.preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _fail(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = FinishReason.ERROR
+        request.error = (f"out of KV pages mid-generation ({self.kv.num_pages} pages in the pool) "
+                         "and preemption is off")
+        out.failed.append(request.request_id)
 
     def abort(self, request: Request) -> None:
         if request in self.waiting:
@@ -80,3 +116,74 @@ class SchedulerBase:
         elif request in self.running:
             self.running.remove(request)
             self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = FinishReason.ABORTED
+        if self._live.pop(request.request_id, None) is not None:
+            self._gone.append(request.request_id)
+
+    # -- one step ---------------------------------------------------------------------------
+    def next_step(self) -> SchedulerOutput:
+        """`schedule()`'s decision, completed into everything the runner needs: each entry's
+        token ids, slots, page ids and sampling parameters, and the ids gone since last step."""
+        out = self.schedule()
+        live, tables, ps = self._live, self.kv.tables, self.kv.page_size
+        for s in out.scheduled:
+            if s.token_ids is not None:
+                continue  # the subclass filled it in itself
+            r = live[s.request_id]
+            start, n = s.start, s.num_new_tokens
+            pages = tables[s.request_id].pages
+            prompt = r.prompt_token_ids
+            if n == 1:
+                s.token_ids = [prompt[start] if start < len(prompt) else r.output_token_ids[start - len(prompt)]]
+                s.slots = [pages[start // ps] * ps + start % ps]
+            else:
+                end = start + n
+                s.token_ids = (prompt[start:end] if end <= len(prompt) else
+                               (prompt[start:] + r.output_token_ids[: end - len(prompt)] if start < len(prompt)
+                                else r.output_token_ids[start - len(prompt): end - len(prompt)]))
+                s.slots = [pages[p // ps] * ps + p % ps for p in range(start, end)]
+            s.page_ids = pages[:]
+            s.sampling_params = r.sampling_params
+        out.finished_ids, self._gone = self._gone, []
+        out.num_running, out.num_waiting = len(self.running), len(self.waiting)
+        return out
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """The forward pass of `out` is done and produced `sampled` (request id -> token). Advance
+        every scheduled request: its progress, its new token, its full pages into the prefix
+        cache, and whether it stops. Returns the requests finished by this step (delivered or
+        failed), in the order they finished."""
+        live = self._live
+        commit = self.kv.commit if self.kv.prefix_cache is not None else None
+        finished = [live.pop(rid) for rid in out.failed]
+        self._gone += out.failed
+        for s in out.scheduled:
+            r = live[s.request_id]
+            r.num_computed_tokens += s.num_new_tokens
+            if commit is not None:
+                commit(r)
+            if not s.samples:
+                continue
+            token = sampled[s.request_id]
+            r.output_token_ids.append(token)
+            reason = self._stop_reason(r, token)
+            if reason is not None:
+                r.finish_reason = reason
+                for done in self.finish(r):
+                    done.status = RequestStatus.FINISHED
+                    if live.pop(done.request_id, None) is not None:
+                        self._gone.append(done.request_id)
+                    finished.append(done)
+        return finished
+
+    def _stop_reason(self, r: Request, token: int) -> FinishReason | None:
+        p = r.sampling_params
+        if token in p.stop_token_ids:
+            return FinishReason.STOP
+        if token in self.eos_token_ids and not p.ignore_eos:
+            return FinishReason.EOS
+        num_output = len(r.output_token_ids)  # (not the properties: this runs for every token)
+        if num_output >= p.max_tokens or len(r.prompt_token_ids) + num_output >= self.kv.max_model_len:
+            return FinishReason.LENGTH
+        return None

@@ -1,12 +1,23 @@
 """What the scheduler decides each step, and what the engine records about it.
 
-`SchedulerOutput` is a plain data object (vLLM V1 style): the runner consumes it, nothing
-flows back except sampled tokens. `StepStats` is the engine's record of one step: the clock
-prices it (roofline or wall) and the metrics / plots read it.
+`SchedulerOutput` is the whole contract between the scheduler and the runner (vLLM V1 style):
+a plain data object, printable and comparable, that says which requests run this step and,
+for each, everything the forward pass needs: the new tokens' ids and positions, the KV slots
+they are written to, the request's page ids (its block table) and whether (and how) a token
+is sampled. Nothing flows back except the sampled tokens.
+
+A scheduler's `schedule()` only decides *who* runs and *how many* tokens each computes: it
+appends `ScheduledRequest(request_id, num_new_tokens, start, samples)` entries. The scheduler
+base then fills in the rest (`SchedulerBase.next_step`), from the request and its page table.
+
+`StepStats` is the engine's record of one step: the clock prices it (roofline or wall) and the
+metrics / plots read it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
 
 
 @dataclass(slots=True)
@@ -15,14 +26,26 @@ class ScheduledRequest:
     num_new_tokens: int  # tokens to compute this step (1 for a decode, a chunk for prefill)
     start: int  # num_computed_tokens before this step: the first new token's position
     samples: bool  # True when this chunk reaches the end of the known tokens: a token is sampled
+    # What the runner reads, filled in by the scheduler base after schedule() (None until then).
+    token_ids: list[int] | None = None  # the new tokens, at positions start .. start + num_new_tokens - 1
+    slots: list[int] | None = None  # where their K/V go: page * page_size + offset (the slot mapping)
+    page_ids: list[int] | None = None  # every page of the request in order (its block table)
+    sampling_params: SamplingParams | None = None  # how to sample its next token (when `samples`)
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.start + self.num_new_tokens)
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    failed: list = field(default_factory=list)  # requests that could not continue (preemption off)
+    preempted: list[str] = field(default_factory=list)  # ids that gave their pages back this step
+    failed: list[str] = field(default_factory=list)  # ids that could not continue (preemption off)
+    finished_ids: list[str] = field(default_factory=list)  # ids gone since the last step: runners drop their state
     num_padded_tokens: int = 0  # static batching computes padding rows too; the clock charges them
+    num_running: int = 0  # requests holding a seat after this decision (static: finished passengers too)
+    num_waiting: int = 0  # requests in the queue after this decision
 
     @property
     def num_scheduled_tokens(self) -> int:

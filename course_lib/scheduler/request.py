@@ -39,8 +39,6 @@ class Request:
     num_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
-    # Scripted runner only: the length at which this request "decides" to stop.
-    scripted_output_len: int | None = None
     # Bookkeeping the metrics read.
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -48,7 +46,6 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at (latest) admission
     admit_seq: int = -1  # order of (latest) admission: the youngest is preempted first
-    generator: object = None  # torch.Generator for seeded sampling, made by the sampler
 
     @property
     def num_prompt_tokens(self) -> int:

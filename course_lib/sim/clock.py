@@ -27,38 +27,9 @@ what `LLMEngine.step` does).
 """
 from __future__ import annotations
 
-import time
-from typing import Protocol
-
+from course_lib.clock import Clock, WallClock  # noqa: F401  (they live below the engine; imported from here too)
 from course_lib.sim.hardware import GPUSpec, ModelShape, get_gpu, get_model_shape
 from course_lib.sim.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost, cost_of_step
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    def charge(self, stats) -> float: ...
-
-    def wait_until(self, t: float) -> None: ...
-
-
-class WallClock:
-    """What this machine really did: `time.perf_counter()` since construction."""
-
-    def __init__(self, skip_idle: bool = False):
-        self._start = time.perf_counter()
-        self._skipped = 0.0  # idle time jumped over (skip_idle only)
-        self.skip_idle = skip_idle
-
-    def now(self) -> float:
-        return time.perf_counter() - self._start + self._skipped
-
-    def charge(self, stats) -> float:
-        return float(stats.end_time - stats.start_time)
-
-    def wait_until(self, t: float) -> None:
-        if self.skip_idle:
-            self._skipped += max(0.0, t - self.now())
 
 
 class SimulatedClock:
