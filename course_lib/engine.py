@@ -59,7 +59,7 @@ class RequestOutput:
         self.arrival_time, self.first_scheduled_time = arrival_time, first_scheduled_time
         self.first_token_time, self.finish_time = first_token_time, finish_time
         self.num_preemptions, self.num_cached_tokens = num_preemptions, num_cached_tokens
-        self.new_token_ids = list(new_token_ids)  # produced by the latest step (streaming)
+        self.new_token_ids = new_token_ids if type(new_token_ids) is list else list(new_token_ids)  # (streaming)
 
     @property
     def token_ids(self) -> list[int]:
@@ -209,56 +209,56 @@ class LLMEngine:
         return self._record(out, sampled, finished, start)
 
     def _record(self, out, sampled: dict, finished: list[Request], start: float) -> list[RequestOutput]:
-        """The step's stats (priced by the clock), the requests' timestamps, and their outputs."""
-        stats = self._stats(out, start)
-        self.clock.charge(stats)
-        end = stats.end_time = self.clock.now()
-        self.step_stats.append(stats)
-        # Request id -> (request, tokens it produced this step). Written for speed: it runs for
-        # every running request every step.
+        """The step's stats (priced by the clock), the requests' timestamps, and their outputs.
+        Written for speed: its loop runs for every running request every step."""
         requests = self.requests
+        # Request id -> (request, tokens it produced this step).
         changed: dict[str, tuple[Request, list[int]]] = {rid: (requests[rid], []) for rid in out.failed}
+        first_tokens = []  # requests whose first token this step produced (stamped once the step is priced)
+        prefill = decode = read = pairs = 0
         for s in out.scheduled:
             r = requests[s.request_id]
+            n, first = s.num_new_tokens, s.start
+            if n == 1 and first >= len(r.prompt_token_ids):
+                decode += 1
+            else:
+                prefill += n
+            read += first + n
+            pairs += n * first + n * (n + 1) // 2
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
             if s.samples:
                 changed[s.request_id] = (r, [sampled[s.request_id]])
                 if r.first_token_time is None:
-                    r.first_token_time = end
+                    first_tokens.append(r)
+        stats = StepStats(
+            step=len(self.step_stats), start_time=start, end_time=self.clock.now(),
+            num_running=out.num_running, num_waiting=out.num_waiting,
+            num_prefill_tokens=prefill, num_decode_tokens=decode, num_padded_tokens=out.num_padded_tokens,
+            context_tokens_read=read, attention_context_tokens=pairs, kv_tokens_written=prefill + decode,
+            kv_used_slots=self.kv.used_slots(), kv_allocated_slots=self.kv.allocated_slots(),
+            kv_total_slots=self.pool.num_pages * self.pool.page_size,
+            num_preemptions=len(out.preempted), page_owners=self._page_owners(),
+        )
+        self.clock.charge(stats)
+        end = stats.end_time = self.clock.now()
+        self.step_stats.append(stats)
+        for r in first_tokens:
+            r.first_token_time = end
         for r in finished:
             r.finish_time = end
             changed.setdefault(r.request_id, (r, []))
         of = RequestOutput.of
         return [of(r, new) for r, new in changed.values()]
 
-    def _stats(self, out, start: float) -> StepStats:
-        prefill = decode = read = pairs = 0
-        requests = self.requests
-        for s in out.scheduled:
-            n, first = s.num_new_tokens, s.start
-            if n == 1 and first >= len(requests[s.request_id].prompt_token_ids):
-                decode += 1
-            else:
-                prefill += n
-            read += first + n
-            pairs += n * first + n * (n + 1) // 2
-        owners = None
-        if self.config.record_page_owners:
-            owners = [None] * self.pool.num_pages
-            for rid, table in self.kv.tables.items():
-                for page in table.pages:
-                    owners[page] = rid
-        return StepStats(
-            step=len(self.step_stats), start_time=start, end_time=self.clock.now(),
-            num_running=out.num_running, num_waiting=out.num_waiting,
-            num_prefill_tokens=prefill, num_decode_tokens=decode, num_padded_tokens=out.num_padded_tokens,
-            context_tokens_read=read, attention_context_tokens=pairs,
-            kv_tokens_written=out.num_scheduled_tokens, kv_used_slots=self.kv.used_slots(),
-            kv_allocated_slots=self.kv.allocated_slots(),
-            kv_total_slots=self.pool.num_pages * self.pool.page_size,
-            num_preemptions=len(out.preempted), page_owners=owners,
-        )
+    def _page_owners(self) -> list | None:
+        if not self.config.record_page_owners:
+            return None
+        owners = [None] * self.pool.num_pages
+        for rid, table in self.kv.tables.items():
+            for page in table.pages:
+                owners[page] = rid
+        return owners
 
     # ------------------------------------------------------------------ convenience
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[RequestOutput]:

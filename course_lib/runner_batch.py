@@ -37,13 +37,13 @@ def build_flat_batch(output: SchedulerOutput, page_size: int, device="cpu", pad_
     """The flat batch of `output` (see the module docstring for the row order)."""
     pad = output.num_padded_tokens
     ids, positions, slots = [0] * pad, [0] * pad, [pad_slot] * pad
-    tables, seq_lens, starts = [[pad_slot // page_size]] * pad, [1] * pad, list(range(pad + 1))
+    tables, seq_lens, starts = [(pad_slot // page_size,)] * pad, [1] * pad, list(range(pad + 1))
     end = pad
     for s in output.scheduled:
         n = s.num_new_tokens
         ids += s.token_ids
         positions += range(s.start, s.start + n)
-        slots += s.slots
+        slots += s.slots(page_size)
         tables.append(s.page_ids)
         seq_lens.append(s.start + n)
         end += n
@@ -53,7 +53,7 @@ def build_flat_batch(output: SchedulerOutput, page_size: int, device="cpu", pad_
         token_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device),
+        block_tables=torch.tensor([[*t, *[0] * (width - len(t))] for t in tables], dtype=torch.int32, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
     )

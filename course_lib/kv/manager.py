@@ -83,7 +83,8 @@ class KVCacheManager:
         return self.tables[request_id].slots(start, count)
 
     def block_table(self, request_id: str) -> list[int]:
-        return self.tables[request_id].pages
+        """The pages of `request_id`, in order (a copy)."""
+        return list(self.tables[request_id].pages)
 
     # -- prefix cache ------------------------------------------------------------------------
     def lookup_prefix(self, request) -> list[int]:
@@ -96,17 +97,18 @@ class KVCacheManager:
         return pages
 
     # -- actions ----------------------------------------------------------------------------
-    def try_append_slot(self, request) -> bool:
+    def try_append_slot(self, request) -> tuple[int, ...] | None:
         """The common decode: if the next token's slot is already inside the request's last page,
-        claim it and say True (no page needed, no questions). False means: use can_allocate/allocate."""
+        claim it and return the request's pages (no page needed, no questions). None means: use
+        can_allocate / allocate."""
         rid = request.request_id
         table = self.tables.get(rid)
         computed = request.num_computed_tokens
         if table is None or computed >= len(table.pages) * self.page_size:
-            return False
+            return None
         self._num_filled += computed + 1 - self.filled[rid]
         self.filled[rid] = computed + 1
-        return True
+        return table.pages
 
     def allocate(self, request, num_new_tokens: int, cached_pages=()) -> int:
         """Room for `num_new_tokens` more tokens of `request` (raises OutOfPages if there is none).
@@ -122,7 +124,7 @@ class KVCacheManager:
             if cached_pages:
                 for page in cached_pages:
                     self.pool.share(page)
-                table.pages.extend(cached_pages)
+                table.pages = tuple(cached_pages)
                 self._num_held_pages += len(cached_pages)
                 _, serial = self.prefix_cache.lookup(request.all_token_ids, len(cached_pages))
                 self._chain[rid] = (len(cached_pages), serial)
@@ -135,7 +137,7 @@ class KVCacheManager:
         target = self.max_model_len if self.reserve_max_len else filled
         need = self.pages_to_hold(target) - len(table.pages)
         if need > 0:
-            table.pages.extend(self.pool.allocate(need))
+            table.pages += tuple(self.pool.allocate(need))
             self._num_held_pages += need
         self._num_filled += filled - self.filled.get(rid, 0)
         self.filled[rid] = filled

@@ -1,4 +1,7 @@
-"""One request's page table: logical token position -> physical slot in the pool."""
+"""One request's page table: logical token position -> physical slot in the pool.
+
+`pages` is a tuple, replaced (never changed in place) when the request grows: a step's
+SchedulerOutput can then carry it as it is, and it stays what it was in that step."""
 from __future__ import annotations
 
 
@@ -6,7 +9,7 @@ class PageTable:
     __slots__ = ("pages", "page_size")
 
     def __init__(self, page_size: int):
-        self.pages: list[int] = []
+        self.pages: tuple[int, ...] = ()
         self.page_size = page_size
 
     @property

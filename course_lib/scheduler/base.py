@@ -124,26 +124,20 @@ class SchedulerBase:
     # -- one step ---------------------------------------------------------------------------
     def next_step(self) -> SchedulerOutput:
         """`schedule()`'s decision, completed into everything the runner needs: each entry's
-        token ids, slots, page ids and sampling parameters, and the ids gone since last step."""
+        token ids, page ids and sampling parameters, and the ids gone since the last step."""
         out = self.schedule()
-        live, tables, ps = self._live, self.kv.tables, self.kv.page_size
+        live, tables = self._live, self.kv.tables
         for s in out.scheduled:
             if s.token_ids is not None:
                 continue  # the subclass filled it in itself
             r = live[s.request_id]
-            start, n = s.start, s.num_new_tokens
-            pages = tables[s.request_id].pages
-            prompt = r.prompt_token_ids
-            if n == 1:
-                s.token_ids = [prompt[start] if start < len(prompt) else r.output_token_ids[start - len(prompt)]]
-                s.slots = [pages[start // ps] * ps + start % ps]
-            else:
-                end = start + n
-                s.token_ids = (prompt[start:end] if end <= len(prompt) else
-                               (prompt[start:] + r.output_token_ids[: end - len(prompt)] if start < len(prompt)
-                                else r.output_token_ids[start - len(prompt): end - len(prompt)]))
-                s.slots = [pages[p // ps] * ps + p % ps for p in range(start, end)]
-            s.page_ids = pages[:]
+            start, end, prompt = s.start, s.start + s.num_new_tokens, r.prompt_token_ids
+            if end <= len(prompt):
+                s.token_ids = prompt[start:end]
+            else:  # (part of) the tokens it generated: a decode, or a recompute after preemption
+                output, p = r.output_token_ids, len(prompt)
+                s.token_ids = prompt[start:] + output[: end - p] if start < p else output[start - p: end - p]
+            s.page_ids = tables[s.request_id].pages
             s.sampling_params = r.sampling_params
         out.finished_ids, self._gone = self._gone, []
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
@@ -154,7 +148,7 @@ class SchedulerBase:
         every scheduled request: its progress, its new token, its full pages into the prefix
         cache, and whether it stops. Returns the requests finished by this step (delivered or
         failed), in the order they finished."""
-        live = self._live
+        live, eos, max_len = self._live, self.eos_token_ids, self.kv.max_model_len
         commit = self.kv.commit if self.kv.prefix_cache is not None else None
         finished = [live.pop(rid) for rid in out.failed]
         self._gone += out.failed
@@ -166,7 +160,13 @@ class SchedulerBase:
             if not s.samples:
                 continue
             token = sampled[s.request_id]
-            r.output_token_ids.append(token)
+            output = r.output_token_ids
+            output.append(token)
+            p = r.sampling_params
+            # Most tokens stop nothing: say so in one expression (this runs for every token).
+            if (token not in eos or p.ignore_eos) and len(output) < p.max_tokens \
+                    and len(r.prompt_token_ids) + len(output) < max_len and token not in p.stop_token_ids:
+                continue
             reason = self._stop_reason(r, token)
             if reason is not None:
                 r.finish_reason = reason

@@ -24,14 +24,18 @@ class ContinuousScheduler(SchedulerBase):
         while i < len(running) and budget > 0:
             request = running[i]
             # The common case first, written for speed (it runs for every running request every step):
-            # a decode whose next slot is already in its last page.
+            # a decode whose next slot is already in its last page. Its entry is complete at once.
             computed = request.num_computed_tokens
-            if (len(request.prompt_token_ids) + len(request.output_token_ids) == computed + 1
-                    and try_append_slot(request)):
-                scheduled.append(ScheduledRequest(request.request_id, 1, computed, True))
-                budget -= 1
-                i += 1
-                continue
+            output = request.output_token_ids
+            if len(request.prompt_token_ids) + len(output) == computed + 1:
+                pages = try_append_slot(request)
+                if pages is not None:
+                    scheduled.append(ScheduledRequest(
+                        request.request_id, 1, computed, True, [output[-1] if output else request.prompt_token_ids[-1]],
+                        pages, request.sampling_params))
+                    budget -= 1
+                    i += 1
+                    continue
             n = self._chunk(request.num_pending_tokens, budget)
             if n == 0:
                 break  # an unchunked prompt waits for a step with room for all of it

@@ -2,13 +2,14 @@
 
 `SchedulerOutput` is the whole contract between the scheduler and the runner (vLLM V1 style):
 a plain data object, printable and comparable, that says which requests run this step and,
-for each, everything the forward pass needs: the new tokens' ids and positions, the KV slots
-they are written to, the request's page ids (its block table) and whether (and how) a token
-is sampled. Nothing flows back except the sampled tokens.
+for each, everything the forward pass needs: the new tokens' ids and positions, the request's
+page ids (its block table, from which the KV slots follow) and whether (and how) a token is
+sampled. Nothing flows back except the sampled tokens.
 
 A scheduler's `schedule()` only decides *who* runs and *how many* tokens each computes: it
 appends `ScheduledRequest(request_id, num_new_tokens, start, samples)` entries. The scheduler
 base then fills in the rest (`SchedulerBase.next_step`), from the request and its page table.
+The runner turns it into tensors (runner_batch.py).
 
 `StepStats` is the engine's record of one step: the clock prices it (roofline or wall) and the
 metrics / plots read it.
@@ -28,13 +29,18 @@ class ScheduledRequest:
     samples: bool  # True when this chunk reaches the end of the known tokens: a token is sampled
     # What the runner reads, filled in by the scheduler base after schedule() (None until then).
     token_ids: list[int] | None = None  # the new tokens, at positions start .. start + num_new_tokens - 1
-    slots: list[int] | None = None  # where their K/V go: page * page_size + offset (the slot mapping)
-    page_ids: list[int] | None = None  # every page of the request in order (its block table)
+    page_ids: tuple[int, ...] | None = None  # every page of the request, in order (its block table)
     sampling_params: SamplingParams | None = None  # how to sample its next token (when `samples`)
 
     @property
     def positions(self) -> range:
         return range(self.start, self.start + self.num_new_tokens)
+
+    def slots(self, page_size: int) -> list[int]:
+        """Where the new tokens' K/V go (the slot mapping): position p sits in page
+        page_ids[p // page_size] at offset p % page_size."""
+        pages = self.page_ids
+        return [pages[p // page_size] * page_size + p % page_size for p in range(self.start, self.start + self.num_new_tokens)]
 
 
 @dataclass
