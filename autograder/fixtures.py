@@ -11,30 +11,9 @@ import random
 import torch
 
 from course_lib.model.config import ModelConfig
+# course_lib's one random-model factory, shared with the tests and the benchmarks.
+from course_lib.model.random_init import SMALL_SHAPE, random_model  # noqa: F401
 from course_lib.model.tokenizer import CharTokenizer
-from course_lib.model.transformer import Transformer
-
-# GQA (4 query heads share 2 KV heads) so that head grouping mistakes change the tokens.
-SMALL_SHAPE = dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                   num_kv_heads=2, max_position_embeddings=64, eos_token_id=None)
-
-
-def random_model(seed: int = 0, **overrides) -> Transformer:
-    """A random Llama-family model in float64 whose logits are spread out (greedy ties are
-    practically impossible). No EOS unless given, so output lengths are exactly max_tokens."""
-    shape = dict(SMALL_SHAPE)
-    shape.update(overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(10_000 + seed)
-        model = Transformer(ModelConfig(**shape))
-    model = model.to(torch.float64).eval()
-    gen = torch.Generator().manual_seed(20_000 + seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
-    return model
-
 
 def random_prompts(rng: random.Random, n: int, vocab: int, lo: int = 1, hi: int = 20, first_id: int = 3):
     return [[rng.randrange(first_id, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]

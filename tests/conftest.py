@@ -12,7 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from course_lib.model.config import ModelConfig
+from course_lib.model.random_init import random_model as _random_model
 from course_lib.model.transformer import Transformer
 
 # The test models are tiny: one thread is faster than two fighting over a shared 2-core machine.
@@ -20,18 +20,12 @@ torch.set_num_threads(1)
 
 
 def random_model(seed: int = 0, **overrides) -> Transformer:
-    """A random Llama-family model in float64 (GQA by default), no EOS so lengths are exact."""
-    torch.manual_seed(seed)
+    """A random Llama-family model in float64 (GQA by default), no EOS so lengths are exact:
+    course_lib's one random-model factory, in the tests' shape."""
     shape = dict(vocab_size=61, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=6,
                  num_kv_heads=2, max_position_embeddings=96, eos_token_id=None)
     shape.update(overrides)
-    model = Transformer(ModelConfig(**shape)).to(torch.float64).eval()
-    # Larger-than-default weights make logits spread out, so greedy ties are practically impossible.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model
+    return _random_model(seed, **shape)
 
 
 def random_prompts(n: int, vocab: int, lo: int = 1, hi: int = 40, seed: int = 0) -> list[list[int]]:

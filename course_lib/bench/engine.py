@@ -35,6 +35,7 @@ import torch
 from ..engine import LLMEngine
 from ..engine_config import EngineConfig
 from ..model.config import ModelConfig
+from ..model.random_init import random_model
 from ..model.transformer import Transformer
 from ..runner import resolve_backend, resolve_forward
 from ..scheduler.sampling import SamplingParams
@@ -48,20 +49,9 @@ ENGINES = ("course_lib", "hf_continuous", "hf_static")
 
 # --------------------------------------------------------------------------- models and workloads
 def random_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Transformer:
-    """A random model with the tiny model's shape. Weights are drawn larger than a training init
-    (unit-scale activations), so logits spread out and greedy near-ties are rare."""
-    torch.manual_seed(seed)
-    model = Transformer(ModelConfig(**{**TINY_SHAPE, **overrides}))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
-    return model.to(dtype).eval()
+    """A random model with the tiny model's shape. Weights are drawn like a trained model's scale
+    (unit-scale activations, `init="unit"`), so float32 logits are realistic and greedy near-ties rare."""
+    return random_model(seed, init="unit", dtype=dtype, **{**TINY_SHAPE, **overrides})
 
 
 def load_model(kind: str = "tiny", seed: int = 0):
