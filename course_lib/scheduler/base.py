@@ -90,6 +90,9 @@ class SchedulerBase:
         False if `request` itself had to go."""
         while not self.kv.can_allocate(request, num_new_tokens):
             victim = self.choose_victim()
+            if any(s.request_id == victim.request_id for s in out.scheduled):
+                raise RuntimeError(f"choose_victim() returned {victim.request_id!r}, which already runs this step: "
+                                   "preempt a request not scheduled yet (the default takes the youngest)")
             victim.num_preemptions += 1
             self.num_preemptions += 1
             out.preempted.append(victim.request_id)

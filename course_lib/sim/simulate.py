@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from course_lib.clock import WallClock
 from course_lib.engine import LLMEngine, RequestOutput
 from course_lib.engine_config import EngineConfig
 from course_lib.model.config import ModelConfig
 from course_lib.scheduler.sampling import SamplingParams
-from course_lib.clock import WallClock
 from course_lib.sim.clock import SimulatedClock
 from course_lib.sim.hardware import ModelShape
 from course_lib.sim.metrics import summarize
