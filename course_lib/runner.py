@@ -3,9 +3,10 @@ but the SchedulerOutput: no request, no KV manager.
 
 `ModelRunner` owns the K/V tensors, builds one flat batch (runner_batch.py: token ids,
 positions, slot mapping, block tables, sequence lengths, query start offsets) and runs the
-real model over it; attention writes and reads the K/V through the slots and block tables. Two ways to run that forward pass (`EngineConfig.forward`): "eager", the
-PyTorch model of transformer.py with `PagedAttend` as its attention, and, on CPUs, "cpu", the
-same step in one C call (model/cpu_forward.py), which "auto" prefers where it applies.
+real model over it; attention writes and reads the K/V through the slots and block tables.
+Two ways to run that forward pass (`EngineConfig.forward`): "eager", the PyTorch model of
+transformer.py with `PagedAttend` as its attention, and, on CPUs, "cpu", the same step in one
+C call (model/cpu_forward.py), which "auto" prefers where it applies.
 `ScriptedRunner` computes nothing: each request ends at the length its workload scripted, so
 thousands of requests simulate in seconds.
 """

@@ -39,8 +39,8 @@ class ScheduledRequest:
     def slots(self, page_size: int) -> list[int]:
         """Where the new tokens' K/V go (the slot mapping): position p sits in page
         page_ids[p // page_size] at offset p % page_size."""
-        pages = self.page_ids
-        return [pages[p // page_size] * page_size + p % page_size for p in range(self.start, self.start + self.num_new_tokens)]
+        pages, ps = self.page_ids, page_size
+        return [pages[p // ps] * ps + p % ps for p in range(self.start, self.start + self.num_new_tokens)]
 
 
 @dataclass
