@@ -23,6 +23,13 @@ class Exercise:
     counterpart: str | None = None  # "course_lib.pkg.module:Name" doing the same job, if any
     interface: str = ""  # one line: the signature the student implements
     cell: str | None = None  # the graded test cell's grade_id, when it is not "<adapter>_tests"
+    hidden_seeds: tuple[int, ...] = (1, 2)  # the test cell's hidden tests call the check with these
+
+    @property
+    def graded_seeds(self) -> tuple[int, ...]:
+        """Every seed a grading calls the check with: the visible 0, then the hidden ones. Every
+        mutant must fail on each of them (no seed luck), every control pass on each."""
+        return (0, *self.hidden_seeds)
 
     @property
     def assignment(self) -> str:
