@@ -1,4 +1,4 @@
-"""python -m autograder {grade, demo-course}: see docs/grading.md."""
+"""python -m autograder {grade, demo-course, mutate}: see docs/grading.md."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these assignments (repeatable; default: every assignment in --source-dir)")
     d.add_argument("--timeout", type=int, default=120, help="per-cell timeout for nbgrader autograde (seconds)")
     d.add_argument("--keep", action="store_true", help="keep the temporary course directory")
+    from .mutate import build_parser as mutate_parser
+
+    mutate_parser(sub.add_parser("mutate", help="mutation testing of the checks (cosmic-ray mutants of the references)",
+                                 description="Generate every cosmic-ray mutant of each exercise's reference solution "
+                                             "and grade it with the exercise's check on every graded seed."))
     return parser
 
 
@@ -40,6 +45,10 @@ def main(argv=None) -> int:
         from .grade import main as grade_main
 
         return grade_main(args)
+    if args.command == "mutate":
+        from .mutate import main as mutate_main
+
+        return mutate_main(args)
     from .demo_course import main as demo_main
 
     return demo_main(args)
