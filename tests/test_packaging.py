@@ -65,40 +65,22 @@ def test_package_data_ships_the_files_the_code_opens():
 
 
 # ----------------------------------------------------------------------------------- the built package
-# Built once (wheel + sdist, `python -m build --no-isolation`: this environment's setuptools, no
-# download) from a copy of the files git would commit, so a build never writes into the checkout.
+# Built once (wheel + sdist) by scripts/build_package.py: from a copy of the files git would commit,
+# with this environment's setuptools (no download), never writing into the checkout.
 INSTRUCTOR_ONLY = ("autograder/reference/", "autograder/mutants/", "solutions/", "notebooks/", "tests/")
 ANSWER_REGION = re.compile(r"^\s*### BEGIN (SOLUTION|HIDDEN TESTS)\s*$", re.M)  # a region, not the word
 
 
-def _files_git_would_ship() -> list[str]:
-    import subprocess
-
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "course_lib", "autograder",
-         "pyproject.toml", "README.md", "MANIFEST.in"],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\n")
-    return [f for f in listed if f and (ROOT / f).is_file()]
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """{"wheel": Path, "sdist": Path, "source": Path (the copy built from)}."""
-    import shutil
-    import subprocess
+    """{"wheel": Path, "sdist": Path}."""
     import sys
 
-    tmp = tmp_path_factory.mktemp("build")
-    source = tmp / "source"
-    for rel in _files_git_would_ship():
-        (source / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, source / rel)
-    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp / "dist"), str(source)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (wheel,) = (tmp / "dist").glob("*.whl")
-    (sdist,) = (tmp / "dist").glob("*.tar.gz")
-    return {"wheel": wheel, "sdist": sdist, "source": source}
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import build_package
+
+    wheel, sdist = build_package.build(tmp_path_factory.mktemp("dist"))
+    return {"wheel": wheel, "sdist": sdist}
 
 
 def _wheel_names(wheel) -> list[str]:
