@@ -92,7 +92,7 @@ def check_StudentWatermark(impl, seed, allow_reference):
     name = "StudentWatermark"
     rng = random.Random(seed)
     with forbid_calls(name, _admission_module(), enabled=not allow_reference):
-        for bad in (1.0, 1.5, -0.1):
+        for bad in (1.0, 1.5, -0.1, float("nan"), float("inf")):
             try:
                 impl(bad)
             except ValueError:
@@ -150,16 +150,31 @@ def check_StudentWatermark(impl, seed, allow_reference):
 # ---------------------------------------------------------------------------------------------
 
 
-def _served_engine(rng, num_pages, budget, prompt_lens, output_lens):
+def _served_engine(rng, num_pages, budget, prompt_lens, output_lens, max_steps=None, preemption="recompute"):
     engine = LLMEngine(fixtures.scripted_model_config(),
                        EngineConfig(page_size=4, num_pages=num_pages, max_num_seqs=6, max_num_batched_tokens=budget,
-                                    admission="none"))
+                                    admission="none", preemption=preemption))
     for i in range(6):
         out_len = rng.randint(*output_lens)
         engine.add_request([5] * rng.randint(*prompt_lens), SamplingParams(max_tokens=out_len), request_id=f"r{i}",
                            scripted_output_len=out_len)
-    drive(engine, "preemption_report (preparing an engine run)", max_steps=3000)
+    if max_steps is None:
+        drive(engine, "preemption_report (preparing an engine run)", max_steps=3000)
+    else:
+        for _ in range(max_steps):
+            engine.step()
     return engine
+
+
+def _mid_run(seed):
+    """A step count at which the run of `_served_engine(seed*1000+7, ...)` has preempted some request
+    that is still unfinished (so a report that only counts finished requests is wrong)."""
+    for steps in range(5, 400, 5):
+        engine = _served_engine(random.Random(seed * 1000 + 7), 16, 8, (4, 20), (10, 30), max_steps=steps)
+        if any(r.num_preemptions and not r.is_finished for r in engine.requests.values()) and \
+                any(r.num_preemptions and r.is_finished for r in engine.requests.values()):
+            return steps
+    raise RuntimeError("internal: no mid-run state with preempted requests both finished and unfinished")
 
 
 def _thrashing_engine(seed):
@@ -186,6 +201,10 @@ def check_preemption_report(impl, seed, allow_reference):
     rng = random.Random(seed)
     runs = [("6 requests in a 16-page pool", _thrashing_engine(seed)),
             ("6 requests in a roomy pool", _served_engine(rng, 200, 64, (4, 8), (2, 10))),
+            ("6 requests in a 16-page pool, stopped mid-run (some still running or waiting)",
+             _served_engine(random.Random(seed * 1000 + 7), 16, 8, (4, 20), (10, 30), max_steps=_mid_run(seed))),
+            ("6 requests in a 16-page pool with preemption off (each victim failed)",
+             _served_engine(random.Random(seed * 1000 + 9), 16, 8, (4, 20), (10, 30), preemption="fail")),
             ("an engine that served nothing", LLMEngine(fixtures.scripted_model_config(), EngineConfig()))]
     for label, engine in runs:
         want = _report(engine)
@@ -209,3 +228,88 @@ def check_preemption_report(impl, seed, allow_reference):
                 hint = (" Every request has finished by now, so the scheduler's queues are empty: read each "
                         "request's num_preemptions from engine.requests.")
             fail(f"{shown}: {key} = {g}, expected {w} (per-request preemption counts: {per_request or 'none'}).{hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# break_it_config: the student designs the experiment
+# ---------------------------------------------------------------------------------------------
+
+# The experiment's fixed parts (the notebook states them): closed-loop users with the simulator's
+# default chat-like lengths, pages of 16 tokens, the scripted runner on the simulated H100.
+BREAK_IT_REQUESTS = 200
+BREAK_IT_PAGE_SIZE = 16
+BREAK_IT_LIMITS = {"users": (1, 256), "kv_tokens": (16, 131072), "max_tokens": (1, 1024)}
+MID_GENERATION = "mid-generation"  # the engine's error for a request that could not grow
+
+
+def run_break_it(config: dict, admission: str, preemption: str, seed: int):
+    """One run of the experiment (the notebook calls this too): `config` as break_it_config returns it."""
+    from course_lib.sim.simulate import make_engine_config, simulate
+    from course_lib.sim.workload import ClosedLoopUsers
+
+    engine_config = make_engine_config(kv_tokens=config["kv_tokens"], page_size=BREAK_IT_PAGE_SIZE,
+                                       admission=admission, preemption=preemption,
+                                       watermark=config.get("watermark", 0.05))
+    return simulate(engine_config, ClosedLoopUsers(config["users"], BREAK_IT_REQUESTS, seed=seed),
+                    max_tokens=config["max_tokens"], seed=seed, progress=False)
+
+
+def failure_reasons(result) -> dict:
+    """{'mid-generation': n, 'refused: ...': n}: why the failed requests of a run failed."""
+    reasons: dict[str, int] = {}
+    for r in result.requests:
+        if r.finish_reason == "error":
+            error = r.error or ""
+            why = (MID_GENERATION if MID_GENERATION in error else
+                   "refused: larger than the whole pool" if "whole pool" in error else f"other: {error[:60]}")
+            reasons[why] = reasons.get(why, 0) + 1
+    return reasons
+
+
+def _validated_config(got):
+    name = "break_it_config()"
+    expect(isinstance(got, dict), f"{name} must return a dict with keys users, kv_tokens, max_tokens, watermark; "
+                                  f"got {type(got).__name__}")
+    for key in ("users", "kv_tokens", "max_tokens", "watermark"):
+        expect(key in got, f"{name} needs the key {key!r} (got keys {sorted(got)})")
+    for key, (lo, hi) in BREAK_IT_LIMITS.items():
+        value = got[key]
+        expect(isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi,
+               f"{name}[{key!r}] must be an int in [{lo}, {hi}], got {value!r}")
+    expect(got["kv_tokens"] % BREAK_IT_PAGE_SIZE == 0,
+           f"{name}['kv_tokens'] must be whole pages of {BREAK_IT_PAGE_SIZE} tokens, got {got['kv_tokens']}")
+    w = got["watermark"]
+    expect(isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 <= w < 1.0,
+           f"{name}['watermark'] must be a fraction of the pool in [0, 1), got {w!r}")
+    return {k: got[k] for k in ("users", "kv_tokens", "max_tokens", "watermark")}
+
+
+@check("break_it_config")
+def check_break_it_config(impl, seed, allow_reference):
+    got = call("break_it_config()", impl)
+    config = _validated_config(got)
+    shown = (f"users={config['users']}, kv_tokens={config['kv_tokens']}, max_tokens={config['max_tokens']}, "
+             f"watermark={config['watermark']} (workload seed {seed}, {BREAK_IT_REQUESTS} requests)")
+    broken = run_break_it(config, "none", "fail", seed)
+    reasons = failure_reasons(broken)
+    mid = reasons.get(MID_GENERATION, 0)
+    if mid == 0:
+        refused = sum(n for why, n in reasons.items() if why != MID_GENERATION)
+        peak = max((s.kv_allocated_slots for s in broken.steps), default=0)
+        if refused:
+            fail(f"break_it_config: with no admission control and preemption off, {shown}: no request failed "
+                 f"mid-generation; {refused} were refused at the door because one request (a prompt of up to "
+                 f"1,024 tokens + max_tokens) does not fit a pool of {config['kv_tokens']} tokens. That is not the "
+                 "failure the experiment is about: make the pool hold any one request, and the load outgrow it")
+        fail(f"break_it_config: with no admission control and preemption off, {shown}: every request completed "
+             f"(the pool's peak use was {peak} of {config['kv_tokens']} slots). Choose a load and a max_tokens whose "
+             "answers outgrow the pool once everyone is admitted")
+    safe = run_break_it(config, "watermark", "recompute", seed)
+    reasons = failure_reasons(safe)
+    if reasons:
+        fail(f"break_it_config: with watermark {config['watermark']} and preemption by recompute, {shown}: "
+             f"{sum(reasons.values())} request(s) failed ({reasons}); expected none. Recompute cannot save a request "
+             "that does not fit the pool at all: the pool must hold the largest request the workload can send")
+    expect(safe.summary["requests_completed"] == BREAK_IT_REQUESTS,
+           f"break_it_config: with watermark and preemption, {shown}: {safe.summary['requests_completed']} of "
+           f"{BREAK_IT_REQUESTS} requests completed")

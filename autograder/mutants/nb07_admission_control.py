@@ -92,8 +92,59 @@ def report_counts_steps(engine):
             "preempted_requests": sum(1 for c in counts if c > 0), "max_preemptions_one_request": max(counts, default=0)}
 
 
+
+
+def report_finished_only(engine):
+    """Counts only the requests that have finished: mid-run, a preempted request still waiting is missed."""
+    counts = [r.num_preemptions for r in engine.requests.values() if r.is_finished]
+    return {"preemptions": sum(counts), "preempted_requests": sum(1 for c in counts if c > 0),
+            "max_preemptions_one_request": max(counts, default=0)}
+
+
+def report_skips_failed(engine):
+    """Leaves out failed requests (finish_reason 'error'), whose preemption was their failure."""
+    counts = [r.num_preemptions for r in engine.requests.values()
+              if r.finish_reason is None or r.finish_reason.value != "error"]
+    return {"preemptions": sum(counts), "preempted_requests": sum(1 for c in counts if c > 0),
+            "max_preemptions_one_request": max(counts, default=0)}
+
+
+def break_it_pool_below_one_request():
+    """A tiny pool: requests are refused at the door (larger than the pool), which no recompute can fix."""
+    return {"users": 64, "kv_tokens": 512, "max_tokens": 512, "watermark": 0.05}
+
+
+def break_it_too_light():
+    """One user in a huge pool: nothing ever runs out, so nothing breaks without admission control."""
+    return {"users": 1, "kv_tokens": 65536, "max_tokens": 1024, "watermark": 0.05}
+
+
+def break_it_pool_in_pages():
+    """Gives the pool in pages (256) where tokens are asked: 256 tokens hold no long prompt."""
+    return {"users": 32, "kv_tokens": 256, "max_tokens": 256, "watermark": 0.05}
+
+
+def break_it_watermark_in_percent():
+    """Writes the watermark as a percentage (5) instead of a fraction of the pool."""
+    return {"users": 32, "kv_tokens": 4096, "max_tokens": 512, "watermark": 5}
+
+
+def break_it_pool_fits_typical_request():
+    """Sizes the pool for a typical request (1,024 tokens) but not the largest one the workload sends: with
+    preemption on, a long prompt + max_tokens still never fits, and fails."""
+    return {"users": 64, "kv_tokens": 1024, "max_tokens": 768, "watermark": 0.05}
+
+
+def break_it_max_tokens_beyond_cap():
+    """Asks for answers longer than the workload's cap (2,048 > 1,024)."""
+    return {"users": 32, "kv_tokens": 8192, "max_tokens": 2048, "watermark": 0.05}
+
+
 MUTANTS = {
     "StudentWatermark": [AdmitsEverything, IgnoresOwnNeed, StrictlyAbove, FloorPages, IgnoresCachedPages, NoValidation,
                          WatermarkInPages],
-    "preemption_report": [report_running_only, report_events_as_requests, report_max_from_steps, report_counts_steps],
+    "preemption_report": [report_running_only, report_events_as_requests, report_max_from_steps, report_counts_steps,
+                          report_finished_only, report_skips_failed],
+    "break_it_config": [break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
+                        break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
 }
