@@ -44,6 +44,11 @@ class ServeState:
     max_model_len: int
     metrics: ServerMetrics | None = None
     burst_max_tokens: int = 48
+    # A stream's chunks go out at most this often (its first token and its end at once): tokens
+    # that arrive sooner wait and share the next chunk. Each chunk costs the server ~30 us of Python
+    # and a write, about as much as computing a token of the tiny model, so sending every token
+    # alone would halve throughput under 64 streams. 0 sends each token as it comes.
+    stream_interval_s: float = 0.005
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: object = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: os.urandom(3).hex())
@@ -147,11 +152,16 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
     decoder = IncrementalDecoder(state.tokenizer)
     with_ids = parsed.return_token_ids
     finished = False
+    interval, sent = state.stream_interval_s, None
     try:
         if stream.kind == "chat":
             yield render.chunk("", None, [] if with_ids else None, first=True)
         while True:
             items = [await stream.queue.get()]
+            if sent is not None and items[0] is not None and not items[0].finished:
+                early = sent + interval - time.monotonic()
+                if early > 0:
+                    await asyncio.sleep(early)
             items += stream.get_nowait_all()  # everything that piled up: one chunk
             if any(item is None for item in items):
                 return  # the client has gone
@@ -166,6 +176,7 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
             text = decoder.push(new_ids) if new_ids else ""
             if final is None:
                 if text or with_ids:
+                    sent = time.monotonic()
                     yield render.chunk(text, None, new_ids if with_ids else None)
                 continue
             finished = True
@@ -212,7 +223,27 @@ async def _collect(state: ServeState, stream: RequestStream, parsed, render: Ren
 
 
 # ------------------------------------------------------------------------------------ the rest
-def make_app(state: ServeState, dashboard: bool = True) -> Starlette:
+class HotPaths:
+    """The two generation endpoints skip Starlette's middleware stack, which wraps `send` twice
+    for every chunk of every stream (~7% of the server's time under 64 streams); every other
+    path, and any other method on these, goes through Starlette as usual."""
+
+    def __init__(self, app: Starlette, handlers: dict):
+        self.app, self.handlers = app, handlers
+
+    async def __call__(self, scope, receive, send):
+        handler = self.handlers.get(scope.get("path")) if scope["type"] == "http" else None
+        if handler is None or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        try:
+            response = await handler(Request(scope, receive))
+        except Exception as exc:  # never a crash: an OpenAI-style 500
+            response = JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
+                                    status_code=500)
+        await response(scope, receive, send)
+
+
+def make_app(state: ServeState, dashboard: bool = True):
     async def models(request):
         return JSONResponse({"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": state.created, "owned_by": "course_lib",
@@ -220,7 +251,8 @@ def make_app(state: ServeState, dashboard: bool = True) -> Starlette:
 
     async def health(request):
         if state.loop.alive:
-            return JSONResponse({"status": "ok", "steps": state.loop.num_steps})
+            return JSONResponse({"status": "ok", "steps": state.loop.num_steps,
+                                 "engine_busy_s": round(state.loop.busy_s, 3)})
         return JSONResponse(error_body("the engine loop is not running", "server_error", None, "engine_down"),
                             status_code=503)
 
@@ -229,9 +261,11 @@ def make_app(state: ServeState, dashboard: bool = True) -> Starlette:
             return error_response(APIError("metrics are off", status=404, code="not_found"))
         return Response(state.metrics.render(state.loop.stats, state.loop.num_steps), media_type=CONTENT_TYPE_LATEST)
 
+    hot = {"/v1/completions": make_handler(state, "completion"),
+           "/v1/chat/completions": make_handler(state, "chat")}
     routes = [
-        Route("/v1/completions", make_handler(state, "completion"), methods=["POST"]),
-        Route("/v1/chat/completions", make_handler(state, "chat"), methods=["POST"]),
+        Route("/v1/completions", hot["/v1/completions"], methods=["POST"]),
+        Route("/v1/chat/completions", hot["/v1/chat/completions"], methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -250,7 +284,8 @@ def make_app(state: ServeState, dashboard: bool = True) -> Starlette:
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
                             status_code=500)
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    return HotPaths(app, hot)
 
 
 def build_server_state(engine, tokenizer, model_name: str = "tiny", max_waiting: int | None = None,

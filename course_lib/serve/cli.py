@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse new requests with 429 + Retry-After while this many wait (default: no limit)")
     s.add_argument("--no-dashboard", action="store_true", help="do not serve /dashboard")
     s.add_argument("--open-dashboard", action="store_true", help="open /dashboard in a browser once up")
+    s.add_argument("--stream-interval-ms", type=float, default=5.0,
+                   help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
     s.add_argument("--burst-max-tokens", type=int, default=48, help="max_tokens of the dashboard's burst requests")
     s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     m = p.add_argument_group("model")
@@ -93,6 +95,8 @@ def load_model(name: str, dtype: str, device: str, max_model_len=None):
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.stream_interval_ms < 0:
+        parser.error(f"--stream-interval-ms must be >= 0, got {args.stream_interval_ms}")
     for flag in ("port", "threads", "burst_max_tokens"):
         if getattr(args, flag) < (0 if flag == "port" else 1):
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -120,7 +124,7 @@ def main(argv=None) -> int:
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)
     serve_forever(engine, tokenizer, name, host=args.host, port=args.port, max_waiting=args.max_waiting,
                   dashboard=not args.no_dashboard, log_level=args.log_level, open_browser=args.open_dashboard,
-                  burst_max_tokens=args.burst_max_tokens)
+                  burst_max_tokens=args.burst_max_tokens, stream_interval_ms=args.stream_interval_ms)
     return 0
 
 

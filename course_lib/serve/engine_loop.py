@@ -111,6 +111,7 @@ class EngineLoop:
         self._single_steps = 0
         self.num_steps = 0
         self.num_step_errors = 0
+        self.busy_s = 0.0  # time spent inside engine.step()
         self.stats = engine.stats()  # published after every step (a fresh dict: safe to read anywhere)
         self.rolling = Rolling()
         self.seats = snapshot.SeatMap(engine.config.max_num_seqs)
@@ -159,7 +160,7 @@ class EngineLoop:
         self.submit(lambda: self._abort(request_id))
 
     # ------------------------------------------------------------------ commands (engine thread)
-    def _add(self, stream: RequestStream | None, prompt, params) -> None:
+    def _add(self, stream: RequestStream | None, prompt, params) -> bool:
         rid = stream.request_id if stream is not None else None
         if self.max_waiting is not None and self.engine.stats()["num_waiting"] >= self.max_waiting:
             if self.metrics is not None:
@@ -167,22 +168,21 @@ class EngineLoop:
             self._post(stream, APIError(
                 f"server busy: the waiting queue is full ({self.max_waiting} requests, --max-waiting); retry shortly",
                 status=429, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}))
-            return
+            return False
         try:
             rid = self.engine.add_request(prompt, params, request_id=rid)
         except ValueError as err:  # the engine names the problem and the limit
             if self.metrics is not None:
                 self.metrics.rejected("invalid")
             self._post(stream, APIError(str(err)))
-            return
+            return False
         self._streams[rid] = stream
         self._post(stream, ACCEPTED)
+        return True
 
     def inject(self, prompts, params) -> int:
         """Requests with no HTTP client (the dashboard's burst): served and measured, answers dropped."""
-        for prompt in prompts:
-            self._add(None, prompt, params)
-        return len(prompts)
+        return sum(self._add(None, prompt, params) for prompt in prompts)
 
     def _abort(self, request_id: str) -> None:
         if request_id in self._streams:
@@ -223,6 +223,7 @@ class EngineLoop:
         self._shutdown()
 
     def _step(self) -> None:
+        start = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception as err:  # a bug in the engine must not take the server down
@@ -231,6 +232,7 @@ class EngineLoop:
             self._fail_all(f"engine error: {type(err).__name__}: {err}")
             return
         self.num_steps += 1
+        self.busy_s += time.perf_counter() - start
         now = time.monotonic()
         streams, post, tokens = self._streams, self._post, 0
         for out in outputs:

@@ -26,6 +26,10 @@ class ServerMetrics:
         self.pages_total = Gauge("course_lib_kv_pages_total", "KV pages in the pool", registry=r)
         self.preemptions = Gauge("course_lib_preemptions_total", "Preemptions since the server started",
                                  registry=r)
+        self.prefix_queried = Gauge("course_lib_prefix_cache_queried_tokens", "Prompt tokens looked up in the "
+                                    "prefix cache", registry=r)
+        self.prefix_hits = Gauge("course_lib_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
+                                 registry=r)
         self.steps = Gauge("course_lib_engine_steps_total", "Engine steps since the server started", registry=r)
         self.requests = Counter("course_lib_requests_finished", "Finished requests, by finish reason",
                                 ["finish_reason"], registry=r)
@@ -68,5 +72,7 @@ class ServerMetrics:
         self.pages_free.set(stats["pages_free"])
         self.pages_total.set(stats["num_pages"])
         self.preemptions.set(stats["num_preemptions"])
+        self.prefix_queried.set(stats["prefix_queried_tokens"])
+        self.prefix_hits.set(stats["prefix_hit_tokens"])
         self.steps.set(num_steps)
         return generate_latest(self.registry)
