@@ -77,8 +77,9 @@ EXERCISES: list[Exercise] = [
       "paged_attention_vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out"),
     E("nb04_paged_attention", "paged_attention_triton", 4, "course_lib.attention.triton_decode:paged_decode_triton",
       "paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out (launches your paged_decode_kernel)"),
-    E("nb05_hundred_users", "latency_summary", 2, "course_lib.sim.metrics:summarize", "latency_summary(records) -> dict"),
-    E("nb05_hundred_users", "run_closed_loop", 3, "course_lib.sim.simulate:simulate",
+    E("nb05_hundred_users", "latency_summary", 2, "course_lib.sim.closed_loop:latency_summary",
+      "latency_summary(records) -> dict"),
+    E("nb05_hundred_users", "run_closed_loop", 3, "course_lib.sim.closed_loop:run_closed_loop",
       "run_closed_loop(make_engine, num_users, num_requests, make_prompt, seed) -> list[RequestOutput]"),
     E("nb06_prefix_caching", "page_keys", 2, "course_lib.kv.prefix_cache:PrefixCache",
       "page_keys(token_ids, page_size) -> list of hashable keys, one per full page"),
@@ -86,7 +87,10 @@ EXERCISES: list[Exercise] = [
       "class StudentPrefixCache(pool): lookup / register / evict / is_cached / counters", hidden_seeds=(1,)),
     E("nb07_admission_control", "StudentWatermark", 3, "course_lib.scheduler.admission:WatermarkAdmission",
       "class StudentWatermark(watermark): can_admit(request, num_new_tokens, cached_pages, kv, running) -> bool"),
-    E("nb07_admission_control", "preemption_report", 2, None, "preemption_report(engine) -> dict"),
+    E("nb07_admission_control", "preemption_report", 2, "course_lib.sim.preemption:preemption_report",
+      "preemption_report(engine) -> dict"),
+    E("nb07_admission_control", "break_it_config", 3, None,
+      "break_it_config() -> dict(users, kv_tokens, max_tokens, watermark)"),
 ]
 del E
 
