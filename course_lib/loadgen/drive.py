@@ -124,7 +124,7 @@ async def run_load_async(target: LoadTarget, workload, progress: bool = True, cl
         if own_client:
             await client.close()
     return {"records": records, "specs": specs, "clipped": clipped, "wall_s": time.perf_counter() - t0,
-            "server": server}
+            "server": server, "num_requests": total}
 
 
 def run_load(target: LoadTarget, workload, progress: bool = True) -> dict:

@@ -59,7 +59,9 @@ def summarize_load(result: dict, slo: dict | None = None) -> dict:
         requests_meeting_slo=good,
         goodput_frac=good / len(records) if records else 0.0,
         requests_total=len(records),
+        requests_not_issued=result.get("num_requests", len(records)) - len(records),
         requests_clipped=result.get("clipped", 0),
+        sim_time_s=None,  # no simulated clock here: wall_time_s is the run's time
         wall_time_s=result.get("wall_s", 0.0),
         errors=dict(errors.most_common(5)),
     )

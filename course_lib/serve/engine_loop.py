@@ -209,12 +209,15 @@ class EngineLoop:
                 command = commands.get_nowait() if busy else commands.get(timeout=IDLE_WAIT_S)
             except queue.Empty:
                 command = None
+            ran = command is not None
             while command is not None:
                 command()
                 try:
                     command = commands.get_nowait()
                 except queue.Empty:
                     command = None
+            if ran:  # adds, aborts and controls change what the stats say, step or no step
+                self.stats = self.engine.stats()
             if self.engine.has_unfinished_requests and (not self.paused or self._single_steps > 0):
                 if self._single_steps > 0:
                     self._single_steps -= 1
