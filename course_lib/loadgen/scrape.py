@@ -39,7 +39,7 @@ class MetricsSampler:
     """Scrape `metrics_url` every `interval` seconds until stopped; keep the first and last
     samples and the peak of running requests."""
 
-    def __init__(self, client, metrics_url: str, interval: float = 0.25, headers=None):
+    def __init__(self, client, metrics_url: str, interval: float = 0.1, headers=None):
         self.client, self.url, self.interval, self.headers = client, metrics_url, interval, headers
         self.first: dict | None = None
         self.last: dict | None = None
