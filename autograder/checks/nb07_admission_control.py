@@ -7,15 +7,16 @@ float64 model served through it must keep its greedy tokens.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 from course_lib.kv.manager import KVCacheManager
-from course_lib.scheduler.request import Request
+from course_lib.scheduler.request import Request, RequestStatus
 
 from .. import fixtures
-from .._checking import call, check, drive, expect, fail, forbid_calls
+from .._checking import REFERENCE_MESSAGE, call, check, drive, expect, fail, forbid_calls
 
 
 def _watermark_class():
@@ -313,3 +314,229 @@ def check_break_it_config(impl, seed, allow_reference):
     expect(safe.summary["requests_completed"] == BREAK_IT_REQUESTS,
            f"break_it_config: with watermark and preemption, {shown}: {safe.summary['requests_completed']} of "
            f"{BREAK_IT_REQUESTS} requests completed")
+
+
+# ---------------------------------------------------------------------------------------------
+# StudentRecompute: preemption by recompute, written by the student
+# ---------------------------------------------------------------------------------------------
+
+RECOMPUTE = "StudentRecompute"
+
+
+def _scheduler_classes():
+    from course_lib.scheduler.base import SchedulerBase
+    from course_lib.scheduler.continuous import ContinuousScheduler
+
+    return ContinuousScheduler, SchedulerBase
+
+
+@contextlib.contextmanager
+def _reference_hooks_forbidden(enabled: bool):
+    """While the block runs, course_lib's own choose_victim / preempt fail if called (a student's
+    override that just delegates with super() is handing in the reference)."""
+    if not enabled:
+        yield
+        return
+    _, base = _scheduler_classes()
+    saved = {name: base.__dict__[name] for name in ("choose_victim", "preempt")}
+
+    def forbidden(name):
+        def stub(self, *args, **kwargs):
+            fail(f"{RECOMPUTE} {REFERENCE_MESSAGE} (its {name} calls course_lib's SchedulerBase.{name})")
+        return stub
+
+    try:
+        for name in saved:
+            setattr(base, name, forbidden(name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(base, name, fn)
+
+
+def _who(requests):
+    return [f"{r.request_id} (admitted #{r.admit_seq})" for r in requests]
+
+
+def _state(engine):
+    s = engine.scheduler
+    return {"running": [r.request_id for r in s.running], "waiting": [r.request_id for r in s.waiting],
+            "tables": {rid: list(t.pages) for rid, t in engine.kv.tables.items()},
+            "free": engine.pool.num_free_pages, "refs": list(engine.pool.ref_counts)}
+
+
+def _recompute_unit(impl, seed):
+    """choose_victim and preempt called directly on a live engine: a question that changes nothing,
+    and a give-back that leaves every piece of state where the rest of the engine expects it."""
+    rng = random.Random(seed)
+    model = fixtures.scripted_model_config()
+    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=64, max_num_seqs=3, max_num_batched_tokens=64,
+                                           admission="none", enable_prefix_caching=True), scheduler=impl)
+    shared = [5 + rng.randrange(40) for _ in range(8)]
+    engine.add_request(shared + [7, 8, 9], SamplingParams(max_tokens=30), request_id="a", scripted_output_len=30)
+    engine.step()  # a's prompt: its two full pages are registered in the prefix cache
+    for rid in ("b", "c", "d"):  # b and c join a; d waits (3 seats)
+        engine.add_request(shared + [rng.randrange(3, 60) for _ in range(rng.randint(2, 6))],
+                           SamplingParams(max_tokens=30), request_id=rid, scripted_output_len=30)
+    for _ in range(3):
+        engine.step()
+    s = engine.scheduler
+    expect([r.request_id for r in s.running] == ["a", "b", "c"] and [r.request_id for r in s.waiting] == ["d"],
+           f"{RECOMPUTE} (internal): unexpected queues {_state(engine)}")
+    before = _state(engine)
+    victim = call(f"{RECOMPUTE}.choose_victim()", s.choose_victim)
+    expect(_state(engine) == before, f"{RECOMPUTE}.choose_victim() changed the engine's state: it must only answer "
+                                     "(the give-back is preempt's job, and the scheduler may ask without preempting)")
+    youngest = max((r for r in s.running if r.finish_reason is None), key=lambda r: r.admit_seq)
+    expect(victim is youngest, lambda: f"{RECOMPUTE}.choose_victim() with running {_who(s.running)} returned "
+                                       f"{getattr(victim, 'request_id', victim)!r}; expected the most recently "
+                                       f"admitted request still generating, {youngest.request_id!r}: it has done "
+                                       "the least work, and the older ones keep their places (first come, first served)")
+    # The give-back, on b: it shares a's two cached pages and owns the rest of its table.
+    b = engine.requests["b"]
+    pages = list(engine.kv.tables["b"].pages)
+    shared_pages = [p for p in pages if p in engine.kv.tables["a"].pages]
+    expect(len(shared_pages) >= 1, f"{RECOMPUTE} (internal): b shares no page with a: {before}")
+    outputs, preemptions = list(b.output_token_ids), b.num_preemptions
+    refs = list(engine.pool.ref_counts)
+    queues = (s.running, s.waiting)
+    call(f"{RECOMPUTE}.preempt(request 'b')", s.preempt, b)
+    shown = (f"{RECOMPUTE}.preempt(b) (running a, b, c; waiting d; b holds pages {pages}, of which {shared_pages} "
+             "are shared with a through the prefix cache)")
+    expect(s.running is queues[0] and s.waiting is queues[1],
+           f"{shown}: change self.running and self.waiting in place (remove, appendleft, ...), do not assign new "
+           "lists: the scheduler is walking them while it asks you to preempt")
+    expect(b not in s.running and [r.request_id for r in s.running] == ["a", "c"],
+           f"{shown}: b must leave the running list and the others stay in order; running is now "
+           f"{[r.request_id for r in s.running]}")
+    expect(len(s.waiting) == 2 and s.waiting[0] is b and s.waiting[1].request_id == "d",
+           f"{shown}: b must wait at the FRONT of the queue, ahead of d, which came later (first come, first "
+           f"served: it is recomputed as soon as there is room); waiting is now {[r.request_id for r in s.waiting]}")
+    expect("b" not in engine.kv.tables,
+           f"{shown}: b's pages must go back through the KV manager (kv.free(request)), which also forgets its page "
+           "table; the manager still has a table for b")
+    for p in pages:
+        want = refs[p] - 1
+        expect(engine.pool.ref_counts[p] == want,
+               f"{shown}: page {p} had {refs[p]} owner(s) and must have {want} after b gave it back, got "
+               f"{engine.pool.ref_counts[p]}" + (" (a still uses it: a shared page is not freed, one owner leaves)"
+                                                  if p in shared_pages else ""))
+    expect(engine.pool.num_free_pages == before["free"] + len(pages) - len(shared_pages),
+           f"{shown}: {len(pages) - len(shared_pages)} page(s) must be free again: free pages went from "
+           f"{before['free']} to {engine.pool.num_free_pages}")
+    expect(b.num_computed_tokens == 0, f"{shown}: b's progress counter must restart at 0 (its K/V are gone, so all of "
+                                       f"it is recomputed), got num_computed_tokens = {b.num_computed_tokens}")
+    expect(b.output_token_ids == outputs, f"{shown}: b must keep the {len(outputs)} tokens it already produced (they "
+                                          "are recomputed as part of its context, not generated again); got "
+                                          f"{len(b.output_token_ids)} tokens")
+    expect(b.status is RequestStatus.PREEMPTED, f"{shown}: b's status must say it waits to be recomputed "
+                                                f"(RequestStatus.PREEMPTED), got {b.status}")
+    expect(b.num_preemptions == preemptions, f"{shown}: preempt must not count the preemption: the scheduler counts it "
+                                             f"(num_preemptions went from {preemptions} to {b.num_preemptions}, so "
+                                             "every report would count it twice)")
+    expect(engine.requests["a"].num_computed_tokens > 0 and list(engine.kv.tables["a"].pages) == before["tables"]["a"],
+           f"{shown}: a's pages and progress must not change")
+    drive(engine, f"{RECOMPUTE} (after preempting b by hand, the engine finishing the run)", max_steps=400)
+    expect(engine.requests["b"].num_output_tokens == 30, f"{RECOMPUTE}: after being preempted, b must still produce all "
+                                                         f"30 tokens, got {engine.requests['b'].num_output_tokens}")
+
+
+class _StepWatch:
+    """After every engine step: who was preempted and who admitted (from the requests' own counters),
+    checked against the rules: victims are the youngest running, no admission in a step that preempted,
+    and the pool's pages all accounted for."""
+
+    def __init__(self, engine, label):
+        self.engine, self.label = engine, label
+        self.before = self._snapshot()
+        self.events = 0
+
+    def _snapshot(self):
+        return {rid: (r.num_preemptions, r.admit_seq) for rid, r in self.engine.requests.items()}, \
+            [(r.request_id, r.admit_seq) for r in self.engine.scheduler.running if r.finish_reason is None]
+
+    def __call__(self, engine):
+        counts, running = self.before
+        now, _ = after = self._snapshot()
+        step = len(engine.step_stats) - 1
+        preempted = [rid for rid, (n, _) in now.items() if n > counts.get(rid, (0, -1))[0]]
+        admitted = [rid for rid, (_, seq) in now.items() if seq != counts.get(rid, (0, -1))[1]]
+        if preempted:
+            self.events += sum(now[rid][0] - counts.get(rid, (0, -1))[0] for rid in preempted)
+            youngest = [rid for rid, _ in sorted(running, key=lambda x: -x[1])[:len(preempted)]]
+            if sorted(preempted) != sorted(youngest):
+                fail(f"{RECOMPUTE} ({self.label}), step {step}: running (oldest first) "
+                     f"{[rid for rid, _ in sorted(running, key=lambda x: x[1])]}, the pool ran out and "
+                     f"{sorted(preempted)} were preempted; expected the youngest {sorted(youngest)}")
+            if admitted:
+                fail(f"{RECOMPUTE} ({self.label}), step {step}: {sorted(preempted)} were preempted and "
+                     f"{sorted(admitted)} admitted in the same step: a step that had to preempt has a full pool, and "
+                     "admitting then only preempts someone again (the scheduler admits nothing after a preemption; "
+                     "does your preempt put the victim back where the scheduler expects it?)")
+        pool = engine.pool
+        held = sum(1 for rc in pool.ref_counts if rc > 0)
+        if held + pool.num_free_pages != pool.num_pages:
+            fail(f"{RECOMPUTE} ({self.label}), step {step}: {held} pages held + {pool.num_free_pages} free != "
+                 f"{pool.num_pages} in the pool: a page was lost or freed twice")
+        self.before = after
+
+
+def _thrash(sched, seed, prefix_caching, label, allow):
+    model = fixtures.random_model(seed)
+    rng = random.Random(seed * 31 + prefix_caching)
+    vocab = model.config.vocab_size
+    head = fixtures.random_prompts(rng, 1, vocab, lo=8, hi=8)[0] if prefix_caching else []
+    prompts = [head + p for p in fixtures.random_prompts(rng, 6, vocab, lo=3, hi=9)]
+    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=14, max_num_seqs=6, max_num_batched_tokens=32,
+                                           admission="none", preemption="recompute",
+                                           enable_prefix_caching=prefix_caching), scheduler=sched)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_tokens=12), request_id=f"r{i}")
+    watch = _StepWatch(engine, label)
+    with _reference_hooks_forbidden(sched is not _scheduler_classes()[0] and not allow):
+        drive(engine, f"{RECOMPUTE} ({label})", max_steps=600, on_step=watch)
+    return engine, prompts, watch
+
+
+def _recompute_engine(impl, seed, allow):
+    for prefix_caching in (False, True):
+        label = ("6 requests of 12 tokens in a 14-page pool" +
+                 (", prefix caching on (the prompts share 8 tokens)" if prefix_caching else ""))
+        mine, prompts, watch = _thrash(impl, seed, prefix_caching, label, allow)
+        theirs, _, _ = _thrash(_scheduler_classes()[0], seed, prefix_caching, label, True)
+        want = fixtures.greedy(mine.model, prompts, 12)
+        for i, w in enumerate(want):
+            got = mine.requests[f"r{i}"].output_token_ids
+            expect(got == w, f"{RECOMPUTE} ({label}): request r{i} (preempted {mine.requests[f'r{i}'].num_preemptions} "
+                             f"time(s)) produced {got} instead of the model's greedy answer {w}: a recomputed request "
+                             "must restart from position 0 with its prompt and every token it had produced")
+        counts = {rid: r.num_preemptions for rid, r in mine.requests.items()}
+        expected = {rid: r.num_preemptions for rid, r in theirs.requests.items()}
+        expect(sum(expected.values()) > 0, f"{RECOMPUTE} (internal): the run preempted nothing")
+        expect(counts == expected, f"{RECOMPUTE} ({label}): preemptions per request {counts}, expected {expected} "
+                                   "(course_lib's scheduler on the same requests): the same victims must be chosen, "
+                                   "in the same steps")
+        expect(len(mine.step_stats) == len(theirs.step_stats),
+               f"{RECOMPUTE} ({label}): the run took {len(mine.step_stats)} steps, expected {len(theirs.step_stats)}: "
+               "a victim must recompute exactly what it lost (its prompt and its own tokens) and wait at the front")
+        expect(watch.events == mine.scheduler.num_preemptions == sum(counts.values()),
+               f"{RECOMPUTE} ({label}): {watch.events} preemptions seen, scheduler counted "
+               f"{mine.scheduler.num_preemptions}, requests {sum(counts.values())}: each must be counted once")
+        expect(mine.pool.num_free_pages == mine.pool.num_pages,
+               f"{RECOMPUTE} ({label}): after every request finished, {mine.pool.num_pages - mine.pool.num_free_pages} "
+               "pages are still held: a victim's pages leaked")
+
+
+@check(RECOMPUTE, allowed_bases=_scheduler_classes)
+def check_StudentRecompute(impl, seed, allow_reference):
+    continuous, _ = _scheduler_classes()
+    expect(isinstance(impl, type) and issubclass(impl, continuous),
+           f"{RECOMPUTE} must be a class built on ContinuousScheduler (class {RECOMPUTE}(ContinuousScheduler)), got "
+           f"{impl!r}")
+    for name in ("choose_victim", "preempt"):
+        owner = next((k for k in impl.__mro__ if name in vars(k)), None)
+        expect(owner not in (None, *_scheduler_classes()),
+               f"{RECOMPUTE} must define its own {name} (it still inherits course_lib's)")
+    with _reference_hooks_forbidden(not allow_reference):
+        _recompute_unit(impl, seed)
+    _recompute_engine(impl, seed, allow_reference)

@@ -61,8 +61,49 @@ def break_it_small_pool():
     return {"users": 16, "kv_tokens": 2048, "max_tokens": 256, "watermark": 0.2}
 
 
+
+# --- preemption by recompute, written two other ways
+from course_lib.scheduler.continuous import ContinuousScheduler  # noqa: E402
+from course_lib.scheduler.request import RequestStatus  # noqa: E402
+
+
+class RecomputeByAdmitSeq(ContinuousScheduler):
+    """Finds the youngest by its admission number; rebuilds both lists (in place) to requeue."""
+
+    def choose_victim(self):
+        return max((r for r in self.running if r.finish_reason is None), key=lambda r: r.admit_seq)
+
+    def preempt(self, request):
+        self.running[:] = [r for r in self.running if r is not request]  # in place: the scheduler walks it
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        queue = list(self.waiting)
+        self.waiting.clear()
+        self.waiting.extend([request] + queue)
+
+
+class RecomputeWalkingBack(ContinuousScheduler):
+    """Walks the running list from its end; deque.insert(0, ...) to requeue."""
+
+    def choose_victim(self):
+        for request in reversed(self.running):
+            if request.finish_reason is None:
+                return request
+        raise RuntimeError("nothing to preempt")
+
+    def preempt(self, request):
+        del self.running[self.running.index(request)]
+        request.num_computed_tokens = 0
+        self.kv.free(request)
+        self.waiting.insert(0, request)
+        request.status = RequestStatus.PREEMPTED
+
+
 CONTROLS = {
     "StudentWatermark": [WatermarkInWholePages, WatermarkAsPagesKept],
     "preemption_report": [report_one_pass, report_with_counter],
     "break_it_config": [break_it_many_users, break_it_small_pool],
+    # "StudentRecompute": registered once the engine's preemption hooks are merged (issue 13)
 }
+
