@@ -106,4 +106,3 @@ CONTROLS = {
     "break_it_config": [break_it_many_users, break_it_small_pool],
     # "StudentRecompute": registered once the engine's preemption hooks are merged (issue 13)
 }
-

@@ -254,4 +254,3 @@ MUTANTS = {
                         break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
     # "StudentRecompute": registered once the engine's preemption hooks are merged (issue 13)
 }
-
