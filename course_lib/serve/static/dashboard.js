@@ -6,10 +6,12 @@ const $ = (id) => document.getElementById(id);
 const spark = [];  // [time, tokens/s] for the last 60 s
 let last = null;
 
-// One stable colour per request id (FNV-1a hash -> hue).
+// One stable colour per request id: FNV-1a, then a final mix so that ids differing in their last
+// digit (cmpl-..746, cmpl-..747) get far-apart hues instead of two alternating ones.
 function colour(id, light = 55) {
   let h = 2166136261;
   for (let i = 0; i < id.length; i++) { h ^= id.charCodeAt(i); h = Math.imul(h, 16777619); }
+  h ^= h >>> 16; h = Math.imul(h, 0x85ebca6b); h ^= h >>> 13; h = Math.imul(h, 0xc2b2ae35); h ^= h >>> 16;
   return `hsl(${(h >>> 0) % 360}, 70%, ${light}%)`;
 }
 
