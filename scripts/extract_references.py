@@ -71,6 +71,16 @@ def _names_used(source: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
 
 
+def _with_decorators(code: str, node) -> str:
+    """The node's source, its decorators included (ast's segment of a def starts at `def`: a
+    `@triton.jit` or `@dataclass` would be lost)."""
+    decorators = getattr(node, "decorator_list", [])
+    if not decorators:
+        return ast.get_source_segment(code, node, padded=False)
+    lines = code.splitlines()
+    return "\n".join(lines[decorators[0].lineno - 1:node.end_lineno])
+
+
 def reference_source(notebook: Path) -> str:
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     imports: list[str] = []
@@ -85,7 +95,7 @@ def reference_source(notebook: Path) -> str:
             raise SystemExit(f"{notebook}: a code cell does not parse ({e}); fix the notebook")
         if _defines_only(tree):
             kept = [n for n in tree.body if not _is_autograder_import(n)]
-            definitions.append("\n".join(ast.get_source_segment(code, n, padded=False) for n in kept
+            definitions.append("\n".join(_with_decorators(code, n) for n in kept
                                          if not isinstance(n, (ast.Import, ast.ImportFrom))))
             imports += [ast.get_source_segment(code, n) for n in kept if isinstance(n, (ast.Import, ast.ImportFrom))]
         else:

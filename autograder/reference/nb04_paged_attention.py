@@ -56,6 +56,7 @@ def paged_attention_vectorized(q, k_cache, v_cache, block_tables, seq_lens, scal
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
+@triton.jit
 def paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
     scale,  # the softmax scale (a float argument: use it, do not recompute it)
