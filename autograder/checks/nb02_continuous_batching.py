@@ -391,6 +391,12 @@ def _occupancy_hint(rows, seats, got) -> str:
     return ""
 
 
+def _occupancy_module():
+    import course_lib.sim.occupancy as occupancy
+
+    return [occupancy]
+
+
 @check("mean_batch_occupancy")
 def check_mean_batch_occupancy(impl, seed, allow_reference):
     rng = random.Random(seed)
@@ -403,7 +409,8 @@ def check_mean_batch_occupancy(impl, seed, allow_reference):
         steps = _stats(rows)
         shown = (f"mean_batch_occupancy(<{len(rows)} steps: num_running {[r for r, _, _ in rows]}, durations "
                  f"{[d for _, _, d in rows]}>, max_num_seqs={max_num_seqs})")
-        got = call(shown, impl, steps, max_num_seqs)
+        with forbid_calls("mean_batch_occupancy", _occupancy_module(), enabled=not allow_reference):
+            got = call(shown, impl, steps, max_num_seqs)
         want = _occupancy(rows, max_num_seqs)
         expect(isinstance(got, (int, float)) and not isinstance(got, bool),
                f"{shown} must return a float, got {type(got).__name__} {got!r}")

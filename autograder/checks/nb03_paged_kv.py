@@ -309,8 +309,9 @@ def check_StudentBlockPool(impl, seed, allow_reference):
 
 def _page_table_module():
     import course_lib.kv.page_table as page_table
+    import course_lib.kv.slots as slots
 
-    return [page_table]
+    return [page_table, slots]
 
 
 def _slots(table, ps, start, count):
@@ -359,13 +360,20 @@ def _waste_cases(rng, hi):
     return cases
 
 
+def _waste_module():
+    import course_lib.kv.waste as waste
+
+    return [waste]
+
+
 @check("paged_waste")
 def check_paged_waste(impl, seed, allow_reference):
     rng = random.Random(seed)
     for tokens in _waste_cases(rng, True):
         for ps in (4, 16, rng.choice([1, 3, 8])):
             shown = f"paged_waste({tokens}, page_size={ps})"
-            got = call(shown, impl, list(tokens), ps)
+            with forbid_calls("paged_waste", _waste_module(), enabled=not allow_reference):
+                got = call(shown, impl, list(tokens), ps)
             want = sum(-(-n // ps) * ps - n for n in tokens)
             expect(isinstance(got, int) and not isinstance(got, bool),
                    f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
@@ -389,7 +397,8 @@ def check_contiguous_waste(impl, seed, allow_reference):
         tokens = [max(1, n) for n in tokens]
         for max_len in (max(tokens), 64, rng.choice([100, 128, 2048])):
             shown = f"contiguous_waste({tokens}, max_len={max_len})"
-            got = call(shown, impl, list(tokens), max_len)
+            with forbid_calls("contiguous_waste", _waste_module(), enabled=not allow_reference):
+                got = call(shown, impl, list(tokens), max_len)
             want = sum(max_len - n for n in tokens)
             expect(isinstance(got, int) and not isinstance(got, bool),
                    f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
