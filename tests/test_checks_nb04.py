@@ -127,3 +127,32 @@ class _Placeholder:
 
         linecache.cache["<student cell>"] = (len(src), None, src.splitlines(True), "<student cell>")
         self.fn = fn
+
+
+def test_handing_in_course_lib_is_refused():
+    from course_lib.attention import paged_decode
+    from course_lib.attention.triton_decode import paged_decode_triton
+
+    with pytest.raises(AssertionError, match="course_lib's reference"):
+        get_check("paged_attention_triton")(paged_decode_triton)
+
+    def wrapper(q, k, v, bt, lens, scale):  # defined here: only the call reveals it
+        return paged_decode(q, k, v, bt, lens, scale, backend="triton")
+
+    with pytest.raises(AssertionError, match="course_lib's reference"):
+        get_check("paged_attention_triton")(wrapper)
+
+
+def test_the_given_wrapper_may_ask_whether_triton_interprets():
+    """The notebook's launch wrapper calls triton_decode.interpreting(): that is not using the reference
+    (checked without _allow_reference, as a student's notebook runs it; the answer key itself is only
+    refused by where it lives, so a copy of it is made to look like a notebook cell's)."""
+    import inspect
+    import linecache
+
+    source = inspect.getsource(reference)
+    filename = "<notebook cell: the reference kernel, pasted>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, filename, "exec"), namespace)
+    assert get_check("paged_attention_triton")(namespace["paged_attention_triton"], 0) is None
