@@ -44,6 +44,9 @@ def student_and_notebook(path: Path, roots: list[Path]) -> tuple[str, str]:
             parts = path.relative_to(root).parts
             if len(parts) >= 2:
                 return parts[0], "/".join(parts[1:])
+    parts = path.parts[-3:]  # .../<student>/<assignment>/<notebook>.ipynb
+    if len(parts) == 3:
+        return parts[0], "/".join(parts[1:])
     return path.stem, path.name
 
 

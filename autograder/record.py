@@ -23,10 +23,11 @@ MAX_RECORD_BYTES = 256 << 20
 
 class Session:
     def __init__(self, path: str):
-        self.path = path
-        self.written = 0
-        with open(path, "w", encoding="utf-8"):
-            pass
+        self.path = path  # appended to: a kernel restarted after a crash replays the setup cell
+        try:
+            self.written = os.path.getsize(path)
+        except OSError:
+            self.written = 0
 
     def write(self, entry: dict) -> None:
         line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
