@@ -23,7 +23,7 @@ student versions (only) every cell that may raise because an exercise is unfinis
 NotImplementedError outside any function (a top-level solution region), and each cell the author
 tagged `may-raise-unfinished` in solutions/. JupyterLab, nbclient/nbconvert and nbval go on past an
 error in a cell so tagged; nbgrader and `python -m autograder grade` run every cell anyway and
-grade from the outputs, so the tag changes no score (docs/grading.md).
+grade from the outputs, so the tag changes no score (docs/run_all.md).
 
 The sources are normalised the same way, in place (an instructor who saved a notebook with its
 outputs and widget state just reruns this script). `--check` changes nothing: it fails if a source
