@@ -1,4 +1,4 @@
-"""python -m autograder {grade, demo-course}: see docs/grading.md."""
+"""python -m autograder {grade, demo-course, mutate}: see docs/grading.md."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=int, default=60, help="per-cell timeout in seconds (default: 60)")
     g.add_argument("--html", metavar="DIR", default=None, help="also write an HTML feedback page per notebook here")
     g.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
-    g.add_argument("--jobs", type=int, default=1, help="notebooks graded in parallel (default: 1)")
+    g.add_argument("--jobs", type=int, default=1, help="notebooks graded in parallel, one worker process and "
+                                                       "sandbox each (default: 1)")
+    g.add_argument("--out", metavar="DIR", default=None,
+                   help="one JSON per submission here, plus summary.csv; a rerun skips what is already graded")
+    g.add_argument("--budget", type=float, default=900,
+                   help="time budget of one notebook in seconds, all cells and restarts together (default: 900)")
+    g.add_argument("--max-notebook-mb", type=float, default=20, help="refuse larger submissions (default: 20 MB)")
+    g.add_argument("--unsafe", action="store_true",
+                   help="grade without a sandbox when none can be made (never for untrusted submissions)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
 
     d = sub.add_parser("demo-course", help="run the real nbgrader flow on a throwaway course directory",
                        description="generate_assignment, simulated release and collection (a perfect student, a "
@@ -31,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these assignments (repeatable; default: every assignment in --source-dir)")
     d.add_argument("--timeout", type=int, default=120, help="per-cell timeout for nbgrader autograde (seconds)")
     d.add_argument("--keep", action="store_true", help="keep the temporary course directory")
+    from .mutate import build_parser as mutate_parser
+
+    mutate_parser(sub.add_parser("mutate", help="mutation testing of the checks (cosmic-ray mutants of the references)",
+                                 description="Generate every cosmic-ray mutant of each exercise's reference solution "
+                                             "and grade it with the exercise's check on every graded seed."))
     return parser
 
 
@@ -40,6 +54,10 @@ def main(argv=None) -> int:
         from .grade import main as grade_main
 
         return grade_main(args)
+    if args.command == "mutate":
+        from .mutate import main as mutate_main
+
+        return mutate_main(args)
     from .demo_course import main as demo_main
 
     return demo_main(args)

@@ -81,6 +81,9 @@ def expect(condition, message) -> None:
 
 def describe_exception(exc: BaseException) -> str:
     """`KeyError: 7 (raised in your code: free, line 12: `del self._free[page]`)`."""
+    where = getattr(exc, "_autograder_where", None)
+    if isinstance(where, str) and where:  # replayed from a record: described where it was raised
+        return where
     text = f"{type(exc).__name__}: {exc}".rstrip(": ")
     frames = traceback.extract_tb(exc.__traceback__)
     mine = [f for f in frames if is_user_file(f.filename)]
@@ -170,15 +173,59 @@ def reject_reference(name: str, impl, forbidden=(), allowed_bases=()) -> None:
         fail(f"{name} {messages[origin]}")
 
 
+# The membrane of the check call in progress (autograder.membrane): set by `check` while its body
+# runs on a recorded or replayed adapter, so that the hooks below note or read back what they saw.
+_ACTIVE = None
+
+
+@contextlib.contextmanager
+def _hooked(kind: str, value, fill):
+    """Around a hook's block: in RECORD mode note `value` when the block ends, in REPLAY mode
+    `fill` it from the record (the student's code never runs in the grader, so it saw nothing)."""
+    m = _ACTIVE
+    if m is None:
+        yield value
+        return
+    from .membrane import Divergence, RecordLimit
+
+    try:
+        yield value
+    except (Divergence, RecordLimit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        fill(value, m.hook(kind, value if m.mode == "record" else None))
+        raise
+    fill(value, m.hook(kind, value if m.mode == "record" else None))
+
+
+def _fill_list(target, recorded):
+    if isinstance(recorded, list):
+        target[:] = [tuple(x) if isinstance(x, (list, tuple)) else x for x in recorded]
+
+
+def _fill_counter(target, recorded):
+    if isinstance(recorded, list) and recorded and isinstance(recorded[0], int):
+        target[0] = recorded[0]
+
+
 @contextlib.contextmanager
 def watch_calls(modules):
     """Record (module name, function name) of every call into code from `modules` in the block."""
+    if _ACTIVE is not None and _ACTIVE.mode == "replay":
+        with _hooked("watch", [], _fill_list) as hits:
+            yield hits
+        return
+    with _hooked("watch", [], _fill_list) as hits, _watch_calls(modules, hits):
+        yield hits
+
+
+@contextlib.contextmanager
+def _watch_calls(modules, hits):
     files = {}
     for mod in modules:
         path = getattr(mod, "__file__", None) or mod
         if path:
             files[os.path.abspath(path)] = getattr(mod, "__name__", path)
-    hits: list[tuple[str, str]] = []
 
     def profiler(frame, event, arg):
         if event == "call":
@@ -213,8 +260,16 @@ def forbid_calls(name: str, modules, enabled: bool = True):
 @contextlib.contextmanager
 def count_user_lines():
     """Count the Python lines the student's code executes in the block (loops show up as growth)."""
-    counter = [0]
+    if _ACTIVE is not None and _ACTIVE.mode == "replay":
+        with _hooked("lines", [0], _fill_counter) as counter:
+            yield counter
+        return
+    with _hooked("lines", [0], _fill_counter) as counter, _count_user_lines(counter):
+        yield counter
 
+
+@contextlib.contextmanager
+def _count_user_lines(counter):
     def local(frame, event, arg):
         if event == "line":
             counter[0] += 1
@@ -257,6 +312,9 @@ def check(name: str, forbidden=lambda: (), allowed_bases=lambda: ()):
     `forbidden` / `allowed_bases` are thunks so that importing a check module stays cheap."""
 
     def decorate(body):
+        def refuse(raw):
+            reject_reference(name, raw, forbidden(), allowed_bases())
+
         @functools.wraps(body)
         def wrapper(impl, seed: int = 0, *, _allow_reference: bool = False):
             if impl is None:
@@ -264,7 +322,16 @@ def check(name: str, forbidden=lambda: (), allowed_bases=lambda: ()):
             if not isinstance(seed, int):
                 fail(f"seed must be an int, got {seed!r}")
             if not _allow_reference:
+                from .record import through_membrane
+
+                handled = through_membrane(wrapper, name, impl, seed, refuse, run)
+                if handled:
+                    return None
                 reject_reference(name, impl, forbidden(), allowed_bases())
+            run(impl, seed, _allow_reference)
+            return None  # never a value: nbgrader would read a number as partial credit
+
+        def run(impl, seed, _allow_reference=False):
             with check_environment():
                 try:
                     body(impl, seed, _allow_reference)
@@ -272,9 +339,9 @@ def check(name: str, forbidden=lambda: (), allowed_bases=lambda: ()):
                     raise
                 except Exception as exc:  # noqa: BLE001
                     fail(f"{name}: {describe_exception(exc)}")
-            return None  # never a value: nbgrader would read a number as partial credit
 
         wrapper.exercise = name
+        wrapper.run_body = run
         return wrapper
 
     return decorate

@@ -34,10 +34,11 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 import tokenize
-from concurrent.futures import ThreadPoolExecutor
+import unicodedata
 from pathlib import Path
 
 import nbformat
@@ -140,10 +141,49 @@ def _fresh(cell):
     return cell
 
 
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def hidden_line_ranges(source: str) -> list[tuple[int, int]]:
+    """(first, last) 1-based line numbers of each hidden-tests block, markers included; an
+    unterminated block runs to the end. One pass over the lines: linear in the cell's size."""
+    ranges, start = [], None
+    lines = source.split("\n")
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if start is None and stripped.startswith(HIDDEN_BEGIN):
+            start = number
+        elif start is not None and stripped.startswith(HIDDEN_END):
+            ranges.append((start, number))
+            start = None
+    if start is not None:
+        ranges.append((start, len(lines)))
+    return ranges
+
+
+def without_hidden(source: str) -> str:
+    """The cell as the release shows it (hidden-tests blocks removed)."""
+    ranges = hidden_line_ranges(source)
+    if not ranges:
+        return source
+    lines = source.split("\n")
+    hidden = set()
+    for first, last in ranges:
+        hidden.update(range(first, last + 1))
+    return "\n".join(line for number, line in enumerate(lines, 1) if number not in hidden)
+
+
+def hidden_lines(source: str) -> list[str]:
+    lines = source.split("\n")
+    out = []
+    for first, last in hidden_line_ranges(source):
+        out += [lines[i - 1].strip() for i in range(first + 1, last) if len(lines[i - 1].strip()) >= 8]
+    return out
+
+
 def _visible(source: str) -> str:
     """A test cell as the release shows it: hidden tests removed, whitespace normalised."""
-    source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", "", source, flags=re.S)
-    return "\n".join(line.rstrip() for line in source.strip().splitlines() if line.strip())
+    return "\n".join(line.rstrip() for line in without_hidden(source).strip().splitlines() if line.strip())
 
 
 def assemble(submission, source) -> tuple[object, list[str]]:
@@ -250,9 +290,11 @@ def scan_source(source: str) -> list[str]:
                     findings.append(f"line {lineno}: {_FORBIDDEN_NAMES[name]} (`{line.strip()[:80]}`)")
         return findings
     names = [t for t in tokens if t.type == tokenize.NAME]
+    # Python reads identifiers NFKC-normalised (a full-width letter is the plain letter): so does the scan.
+    plain = [unicodedata.normalize("NFKC", t.string) for t in names]
     for i, tok in enumerate(names):
-        why = _FORBIDDEN_NAMES.get(tok.string)
-        if tok.string == "modules" and i > 0 and names[i - 1].string == "sys":
+        why = _FORBIDDEN_NAMES.get(plain[i])
+        if plain[i] == "modules" and i > 0 and plain[i - 1] == "sys":
             why = "changes sys.modules"
         if why:
             findings.append(f"line {tok.start[0]}: {why} (`{tok.line.strip()[:80]}`)")
@@ -359,10 +401,13 @@ def _error_output(ename: str, evalue: str):
 class _Executor:
     """Runs a notebook cell by cell in one kernel, surviving timeouts and kernel deaths."""
 
-    def __init__(self, nb, cwd: str, kernel_name: str, timeout: int, stage: Path | None = None):
+    def __init__(self, nb, cwd: str, kernel_name: str, timeout: int, stage: Path | None = None,
+                 deadline: float | None = None, on_cell=None, env_extra: dict | None = None):
         from nbclient import NotebookClient
 
         self.nb, self.cwd, self.kernel_name, self.timeout, self.stage = nb, cwd, kernel_name, timeout, stage
+        self.deadline, self.on_cell, self.env_extra = deadline, on_cell, dict(env_extra or {})
+        self.timings: dict[str, float] = {}  # cell index -> seconds (finding slow cells)
         self.client = NotebookClient(
             nb, kernel_name=kernel_name, timeout=timeout, allow_errors=True, interrupt_on_timeout=False,
             record_timing=False, startup_timeout=180, iopub_timeout=10, raise_on_iopub_timeout=False,
@@ -374,12 +419,17 @@ class _Executor:
         self.log: list[str] = []
 
     def _timeout_of(self, cell) -> int:
-        return SETUP_TIMEOUT if cell.get("metadata", {}).get("autograder", {}).get("setup") else self.timeout
+        limit = SETUP_TIMEOUT if cell.get("metadata", {}).get("autograder", {}).get("setup") else self.timeout
+        if self.deadline is not None:
+            limit = max(1, min(limit, int(self.deadline - time.monotonic())))
+        return limit
 
     async def _start(self):
         client = self.client
         client.km = client.create_kernel_manager()
-        await client.async_start_new_kernel(cwd=self.cwd, env=_kernel_env(self.stage))
+        env = _kernel_env(self.stage)
+        env.update(self.env_extra)
+        await client.async_start_new_kernel(cwd=self.cwd, env=env)
         await client.async_start_new_kernel_client()
 
     async def _stop(self):
@@ -471,7 +521,14 @@ class _Executor:
                 if not alive:
                     self.status[index] = "not_run"
                     continue
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.status[index] = "not_run"
+                    if "budget" not in " ".join(self.log[-1:]):
+                        self.log.append(f"the notebook's time budget was spent before cell {index}: the rest was not run")
+                    continue
+                began = time.monotonic()
                 status = await self._execute(index, cell)
+                self.timings[str(index)] = round(time.monotonic() - began, 2)
                 cell = self.nb.cells[index]
                 self.status[index] = status
                 if status == "timeout":
@@ -495,6 +552,8 @@ class _Executor:
                     alive = await self._recover(index)
                 if not alive:
                     self.log.append("giving up on the rest of this notebook")
+                if self.on_cell is not None:
+                    self.on_cell(self)
         finally:
             await self._stop()
 
@@ -504,11 +563,16 @@ class _Executor:
 # ---------------------------------------------------------------------------------------------
 
 
-def inject_guard(nb, guard_name: str) -> dict[str, str]:
-    """Insert the setup cell and wrap every test cell. Returns grade_id -> completion token."""
+def inject_guard(nb, guard_name: str, record_path: str | None = None) -> dict[str, str]:
+    """Insert the setup cell and wrap every test cell. Returns grade_id -> completion token.
+    With `record_path`, the setup cell also starts the recording session (autograder.record)."""
+    record = ""
+    if record_path is not None:
+        record = (f"import autograder.record as _autograder_record\n_autograder_record.start({record_path!r})\n"
+                  "del _autograder_record\n")
     setup = nbformat.v4.new_code_cell(
         "# [autograder] grading setup: runs before any submission code\n"
-        f"import autograder.integrity as _autograder_integrity\n"
+        f"{record}import autograder.integrity as _autograder_integrity\n"
         f"_autograder_integrity.install({guard_name!r})\n"
         "del _autograder_integrity")
     setup.metadata["autograder"] = {"setup": True, "origin": "grader"}
@@ -600,14 +664,120 @@ def score_cell(cell, status: str | None, token: str | None) -> tuple[float, str,
 
 
 _NEVER_COPY = ("autograder", "course_lib", "sitecustomize", "usercustomize", "torch", "numpy")
+MAX_NOTEBOOK_BYTES = 20 << 20  # a submission larger than this is refused, unread
+MAX_DATA_BYTES = 50_000_000  # the submission's folder's data files copied next to it
+MAX_READBACK_BYTES = 64 << 20  # the executed notebook the sandbox returns
+DEFAULT_BUDGET = 900  # seconds for one notebook, all its cells and kernel restarts together
+
+
+class GradingRefused(Exception):
+    """A submission the grader will not run (too large, unreadable): the message names the limit."""
+
+
+def read_submission(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
+    """The submission as a notebook, refused before reading if it is larger than `limit` bytes."""
+    size = path.stat().st_size
+    if size > limit:
+        raise GradingRefused(f"the notebook is {size / 1e6:.1f} MB, over the {limit / 1e6:.0f} MB limit for a "
+                             "submission: clear its outputs (Kernel > Restart & Clear Output) and hand it in again")
+    with open(path, encoding="utf-8") as f:
+        return nbformat.read(f, as_version=4)
+
+
+def _copy_data_files(submission: Path, workdir: Path) -> None:
+    parent = submission.resolve().parent
+    files = [p for p in parent.iterdir() if p.is_file()]
+    if sum(p.stat().st_size for p in files) >= MAX_DATA_BYTES:
+        return
+    for item in files:
+        # data files only: nothing that could shadow the course's packages on sys.path
+        if item.suffix not in (".ipynb", ".pth") and item.stem not in _NEVER_COPY:
+            shutil.copy2(item, workdir)
+
+
+def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budget_s: float, sandbox: bool,
+                   tokens_guard: str | None, limits=None):
+    """Execute the prepared notebook `nb` in a fresh sandbox (or, with sandbox=False, a plain
+    subprocess over a private copy of the packages). Returns (executed notebook or None, cell
+    statuses, log lines, record entries, record problems). Everything read back is untrusted data."""
+    from . import sandbox as sb
+    from .replay import read_records
+
+    job = Path(tempfile.mkdtemp(prefix="autograde-job-"))
+    stage = None
+    try:
+        for name in ("in", "work", "out"):
+            (job / name).mkdir()
+        _copy_data_files(submission, job / "work")
+        inside = {"in": "/job", "out": "/out", "work": "/work"} if sandbox else \
+            {k: str(job / k) for k in ("in", "out", "work")}
+        tokens = {}
+        if tokens_guard is not None:
+            tokens = inject_guard(nb, tokens_guard, record_path=f"{inside['out']}/record.jsonl")
+        (job / "in" / "notebook.ipynb").write_text(nbformat.writes(nb), encoding="utf-8")
+        (job / "in" / "job.json").write_text(json.dumps({
+            "notebook": f"{inside['in']}/notebook.ipynb", "out": inside["out"], "cwd": inside["work"],
+            "kernel": kernel_name, "timeout": timeout, "budget_s": budget_s}))
+        command = [sys.executable, "-m", "autograder.sandbox_exec", f"{inside['in']}/job.json"]
+        env = None
+        if not sandbox:
+            stage = Stage()
+            env = _kernel_env(stage.dir)
+        rc, log_tail = sb.run_job(job, command, budget_s=budget_s + 120, sandbox=sandbox, env=env,
+                                  **({"limits": limits} if limits else {}))
+        log = []
+        if rc is None:
+            log.append(f"the notebook's time budget of {budget_s:g} s was spent: the sandbox was ended")
+        elif rc != 0:
+            log.append(f"the notebook runner exited with status {rc}: {log_tail.strip().splitlines()[-1:] or ''}")
+        executed, status = None, {}
+        out = job / "out"
+        try:
+            if (out / "executed.ipynb").is_file() and (out / "executed.ipynb").stat().st_size <= MAX_READBACK_BYTES:
+                executed = nbformat.reads((out / "executed.ipynb").read_text(encoding="utf-8"), as_version=4)
+            elif (out / "executed.ipynb").is_file():
+                log.append(f"the executed notebook is over {MAX_READBACK_BYTES >> 20} MB: its outputs are dropped")
+            if (out / "status.json").is_file() and (out / "status.json").stat().st_size <= 4 << 20:
+                raw = json.loads((out / "status.json").read_text(encoding="utf-8"))
+                status = {int(k): str(v) for k, v in (raw.get("status") or {}).items() if str(k).isdigit()}
+                log += [str(x)[:500] for x in (raw.get("log") or [])][:50]
+        except (ValueError, OSError, TypeError, AttributeError) as exc:
+            log.append(f"what the sandbox returned could not be read ({type(exc).__name__}); outputs dropped")
+            executed, status = None, {}
+        if executed is not None and len(executed.cells) != len(nb.cells):
+            log.append("the executed notebook does not match the one sent (cells added or removed): outputs dropped")
+            executed = None
+        if executed is not None:
+            for mine, theirs in zip(nb.cells, executed.cells):  # only outputs come back, never the code
+                if mine.get("cell_type") == "code":
+                    mine["outputs"] = theirs.get("outputs", []) if isinstance(theirs.get("outputs"), list) else []
+        entries, problems = read_records(out / "record.jsonl")
+        changed = stage.restore() if stage is not None else []
+        return nb, status, log, entries, problems, tokens, changed
+    finally:
+        if stage is not None:
+            stage.cleanup()
+        shutil.rmtree(job, ignore_errors=True)
+
+
+def _empty_entry(path, source_path) -> dict:
+    return {"path": str(path), "source": str(source_path) if source_path else None, "score": 0.0,
+            "max_score": 0.0, "cells": [], "manual_cells": [], "integrity": [], "flags": [], "notes": [],
+            "errors": [], "replay": []}
 
 
 def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="python3", guard=True,
-                   stage: Stage | None = None) -> tuple[dict, object]:
-    """Grade one submission against its source. Returns (result entry, executed notebook)."""
+                   stage: Stage | None = None, sandbox: bool | None = None, budget_s: float = DEFAULT_BUDGET,
+                   max_bytes: int = MAX_NOTEBOOK_BYTES) -> tuple[dict, object]:
+    """Grade one submission against its source. Returns (result entry, executed notebook).
+    `sandbox`: True (bwrap, required), False (unsafe: a plain subprocess), None: bwrap if available."""
+    from . import fingerprint
+    from . import sandbox as sb
+    from .verdict import Redactor, cell_plan, cell_verdict, replay_plan
+
+    del stage  # (kept for callers: the private package copy is made per run when unsafe)
     started = time.monotonic()
-    entry = {"path": str(path), "source": str(source_path) if source_path else None, "score": 0.0,
-             "max_score": 0.0, "cells": [], "manual_cells": [], "integrity": [], "notes": [], "errors": []}
+    entry = _empty_entry(path, source_path)
     if source_path is None:
         entry["errors"].append("no source notebook found for this submission (see --source-dir)")
         return entry, None
@@ -615,63 +785,137 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     tests = [c for c in source.cells if is_test_cell(c)]
     entry["max_score"] = sum(points(c) for c in tests)
     try:
-        submission = _read(Path(path))
-    except Exception as exc:  # noqa: BLE001 - unreadable, not JSON, wrong format
-        entry["errors"].append(f"could not read the notebook: {type(exc).__name__}: {exc}")
-        entry["cells"] = [_cell_entry(c, 0.0, "not_run", "the notebook could not be read") for c in tests]
+        submission = read_submission(Path(path), max_bytes)
+    except Exception as exc:  # noqa: BLE001 - too large, unreadable, not JSON, wrong format
+        why = str(exc) if isinstance(exc, GradingRefused) else f"could not read the notebook: {type(exc).__name__}: {exc}"
+        entry["errors"].append(why[:1000])
+        entry["cells"] = [_cell_entry(c, 0.0, "not_run", why[:1000]) for c in tests]
         return entry, None
+    if sandbox is None:
+        sandbox = sb.available() is None
+    elif sandbox and sb.available() is not None:
+        raise RuntimeError(f"no sandbox: {sb.available()}")
+    entry["sandbox"] = "bwrap" if sandbox else "none (--unsafe)"
     nb, entry["notes"] = assemble(submission, source)
-    # The student's code is scanned; code cells exactly as the instructor wrote them are not.
+    hidden = [line for c in source.cells if c.get("cell_type") == "code" for line in hidden_lines(c.get("source", ""))]
+    redact = Redactor(hidden)
+    # The student's code is scanned (evidence); code cells exactly as the instructor wrote them are not.
     instructor = {_visible(c.get("source", "")) for c in source.cells
                   if c.get("cell_type") == "code" and not _nbg(c).get("solution")}
+    student_cells = []
     for index, cell in enumerate(nb.cells):
         if (cell.get("cell_type") == "code" and cell["metadata"].get("autograder", {}).get("origin") == "submission"
                 and _visible(cell.get("source", "")) not in instructor):
             entry["integrity"] += [f"cell {index}, {f}" for f in scan_source(cell.get("source", ""))]
-    guard_name = f"__autograder_{secrets.token_hex(6)}__"
-    tokens = inject_guard(nb, guard_name) if guard else {}
-    workdir = tempfile.mkdtemp(prefix="autograde-")
-    try:
-        parent = Path(path).resolve().parent
-        size = sum(p.stat().st_size for p in parent.iterdir() if p.is_file())
-        for item in parent.iterdir() if size < 50_000_000 else []:
-            # data files only: nothing that could shadow the course's packages on sys.path
-            if item.is_file() and item.suffix not in (".ipynb", ".pth") and item.stem not in _NEVER_COPY:
-                shutil.copy2(item, workdir)
-        executor = _Executor(nb, workdir, kernel_name, timeout, stage.dir if stage is not None else None)
-        asyncio.run(executor.run())
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    entry["errors"] += executor.log
+            entry["flags"] += [f"cell {index}, {f}" for f in review_flags(cell.get("source", ""))]
+            student_cells.append((index, cell.get("source", "")))
+    entry["flags"] += fingerprint.source_matches(student_cells)
+    plans = {grade_id(c): cell_plan(c.get("source", ""), hidden_line_ranges(c.get("source", ""))) for c in nb.cells
+             if is_test_cell(c)}
+    guard_name = f"__autograder_{secrets.token_hex(6)}__" if guard else None
+    nb, status, log, records, problems, tokens, changed = run_in_sandbox(
+        nb, Path(path), timeout=timeout, kernel_name=kernel_name, budget_s=budget_s, sandbox=sandbox,
+        tokens_guard=guard_name)
+    entry["errors"] += log + problems
+    entry["integrity"] += [f"changed {f} on disk" for f in changed]
     setup = nb.cells[0] if guard and nb.cells else None
-    if setup is not None and executor.status.get(0) != "ok":
+    if setup is not None and status.get(0) != "ok":
         why = next((f"{o.get('ename')}: {o.get('evalue')}" for o in setup.get("outputs", [])
-                    if o.get("output_type") == "error"), executor.status.get(0))
+                    if o.get("output_type") == "error"), status.get(0))
         entry["errors"].append(f"the grader's setup cell failed ({why}): the graded cells could not be checked")
-    if stage is not None:
-        entry["integrity"] += [f"changed {f} on disk" for f in stage.restore()]
+    results = replay_plan(plans, records)
+    entry["replay"] = [{"exercise": ex, "seed": seed, "passed": ok,
+                        "message": redact(msg) if not any(p.hidden for ps in plans.values() for p in ps
+                                                          if (p.exercise, p.seed) == (ex, seed)) else
+                        ("" if ok else "hidden test: message withheld")}
+                       for (ex, seed), (ok, msg) in sorted(results.items())]
+    for rec in records:
+        entry["flags"] += [f"check_{rec['exercise']}(seed={rec['seed']}): {m}"
+                           for m in fingerprint.code_matches(rec.get("code"))]
+        calls = rec.get("thread_reference_calls")
+        if isinstance(calls, list) and calls:
+            entry["flags"].append(f"check_{rec['exercise']}(seed={rec['seed']}): course_lib's counterpart was called "
+                                  f"from another thread ({', '.join(map(str, calls[:3]))})")
     for index, cell in enumerate(nb.cells):
         if is_test_cell(cell):
-            score, status, feedback = score_cell(cell, executor.status.get(index), tokens.get(grade_id(cell)))
-            if status == "integrity" and feedback.startswith("AssertionError: integrity violation: "):
+            gid = grade_id(cell)
+            score, state, feedback = score_cell(cell, status.get(index), tokens.get(gid))
+            if state == "integrity" and feedback.startswith("AssertionError: integrity violation: "):
                 found = feedback.removeprefix("AssertionError: integrity violation: ").split(". The grader restored")[0]
                 entry["integrity"] += found.split("; ")
-            entry["cells"].append(_cell_entry(cell, score, status, feedback))
+            plan = plans.get(gid, [])
+            if plan:
+                ok, why = cell_verdict(plan, results)
+                if not ok:
+                    score, state, feedback = 0.0, "failed", why
+                elif state != "passed" and hidden_line_ranges(cell.get("source", "")) and state == "failed":
+                    feedback = _kernel_feedback(cell, feedback)
+            elif state in ("passed", "partial"):
+                entry["notes"].append(f"{gid}: no check call to replay, so its result was decided in the kernel")
+            entry["cells"].append(_cell_entry(cell, score, state, redact(feedback)))
         elif is_manual_cell(cell):
             entry["manual_cells"].append({"grade_id": grade_id(cell), "max_score": points(cell)})
     if entry["integrity"]:
-        entry["integrity"] = list(dict.fromkeys(entry["integrity"]))
+        entry["integrity"] = [redact(x) for x in dict.fromkeys(entry["integrity"])]
         reason = ("integrity violation: " + "; ".join(entry["integrity"])[:1500]
                   + ". No credit for this notebook's graded cells (docs/grading.md explains what is checked).")
         for c in entry["cells"]:
             c["check_feedback"] = c["feedback"]
             c.update(score=0.0, passed=False, status="integrity", feedback=reason, message=reason)
+    entry["flags"] = [redact(f) for f in dict.fromkeys(entry["flags"])]
+    entry["errors"] = [redact(e) for e in entry["errors"]]
     _strip_guard(nb, tokens)
     nb.cells = [c for c in nb.cells if not c.get("metadata", {}).get("autograder", {}).get("setup")]
     entry["score"] = sum(c["score"] for c in entry["cells"])
     entry["max_score"] = sum(c["max_score"] for c in entry["cells"]) or entry["max_score"]
     entry["duration_s"] = round(time.monotonic() - started, 1)
+    nb.metadata["autograder"] = {"hidden_lines": hidden}
     return entry, nb
+
+
+def _kernel_feedback(cell, feedback: str) -> str:
+    """A test cell that failed in the kernel: its message, unless it was raised in the hidden part."""
+    ranges = hidden_line_ranges(cell.get("metadata", {}).get("autograder", {}).get("original_source", "")
+                                or cell.get("source", ""))
+    for out in cell.get("outputs", []):
+        if out.get("output_type") != "error":
+            continue
+        for frame in out.get("traceback", [])[:3]:
+            m = re.search(r"(?:Cell In\[\d*\]|Input In \[\d*\]), line (\d+)", _ansi_free(str(frame)))
+            if m:
+                line = int(m.group(1)) - 1  # the guard's line comes first
+                if any(first <= line <= last for first, last in ranges):
+                    return "a hidden test failed in your notebook; its message is withheld (it would show the hidden test)"
+                return feedback
+    return feedback
+
+
+_REVIEW_NAMES = {"exec": "runs code from a string (exec)", "eval": "evaluates a string (eval)",
+                 "compile": "compiles code at run time (compile)", "b64decode": "decodes base64",
+                 "__import__": "imports by name (__import__)", "getsource": "reads source code (inspect.getsource)",
+                 "Thread": "starts a thread", "Process": "starts a process", "fork": "forks", "Popen": "runs a program",
+                 "system": "runs a shell command"}
+
+
+def review_flags(source: str) -> list[str]:
+    """Things in the student's code an instructor may want to look at (not penalised)."""
+    flags = []
+    for lineno, line in enumerate(source.splitlines(), 1):
+        stripped = line.lstrip()
+        if stripped.startswith(("%", "!")) and not stripped.startswith(("%matplotlib", "%time", "%timeit", "%%time")):
+            flags.append(f"line {lineno}: IPython magic or shell line (`{stripped[:60]}`)")
+    code = _code_lines(source)
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        tokens = []
+    for tok in tokens:
+        name = unicodedata.normalize("NFKC", tok.string)
+        if name != tok.string:
+            flags.append(f"line {tok.start[0]}: identifier {tok.string!r} is written with look-alike characters")
+        if name in _REVIEW_NAMES:
+            flags.append(f"line {tok.start[0]}: {_REVIEW_NAMES[name]} (`{tok.line.strip()[:80]}`)")
+    return list(dict.fromkeys(flags))[:20]
 
 
 def _cell_entry(cell, score, status, feedback):
@@ -697,21 +941,30 @@ def _ansi_free(text: str) -> str:
 
 
 def render_html(entry: dict, nb) -> str:
-    """A self-contained feedback page: the score table, then every cell with its outputs."""
+    """A self-contained feedback page: the score table, then every cell with its outputs. Test cells
+    show their visible part only and no outputs (their feedback instead); any line of a hidden test
+    that turns up in an output (a student's cell printing the notebook it runs in) is blanked."""
+    from .verdict import Redactor
+
+    hidden = (nb.metadata.get("autograder", {}) if nb is not None else {}).get("hidden_lines", [])
+    redact = Redactor(hidden if isinstance(hidden, list) else [])
+    esc = lambda text: html.escape(redact(text))  # noqa: E731
     name = html.escape(Path(entry["path"]).name)
     parts = [f"<!doctype html><meta charset=utf-8><title>Feedback: {name}</title><style>{_CSS}</style>",
              f"<h1>{name}</h1><p class=score>Score: {entry['score']:g} / {entry['max_score']:g}</p>"]
     if entry.get("integrity"):
-        parts.append("<p class=err><b>Integrity:</b> " + html.escape("; ".join(entry["integrity"])) + "</p>")
+        parts.append("<p class=err><b>Integrity:</b> " + esc("; ".join(entry["integrity"])) + "</p>")
+    if entry.get("flags"):
+        parts.append("<p class=err><b>Flagged for review:</b> " + esc("; ".join(entry["flags"])) + "</p>")
     parts.append("<table><tr><th>test cell</th><th>points</th><th>result</th><th>feedback</th></tr>")
     for c in entry["cells"]:
         parts.append(f"<tr><td>{html.escape(str(c['grade_id']))}</td><td>{c['score']:g} / {c['max_score']:g}</td>"
-                     f"<td>{html.escape(c['status'])}</td><td>{html.escape(c['feedback'][:300])}</td></tr>")
+                     f"<td>{html.escape(c['status'])}</td><td>{esc(c['feedback'][:300])}</td></tr>")
     parts.append("</table>")
     results = {c["grade_id"]: c for c in entry["cells"]}
     for cell in (nb.cells if nb is not None else []):
         if cell.get("cell_type") == "markdown":
-            parts.append(f"<div class='cell md'><pre>{html.escape(cell.source)}</pre></div>")
+            parts.append(f"<div class='cell md'><pre>{esc(cell.source)}</pre></div>")
             continue
         if cell.get("cell_type") != "code":
             continue
@@ -721,14 +974,14 @@ def render_html(entry: dict, nb) -> str:
         if result is not None:
             parts.append(f"<p class=score>{html.escape(str(result['grade_id']))}: {result['score']:g} / "
                          f"{result['max_score']:g}</p>")
-        parts.append(f"<pre>{html.escape(cell.source)}</pre>")
-        for out in cell.get("outputs", []):
+        parts.append(f"<pre>{esc(without_hidden(cell.source) if is_test_cell(cell) else cell.source)}</pre>")
+        for out in ([] if is_test_cell(cell) else cell.get("outputs", [])):
             kind = out.get("output_type")
             if kind == "stream":
-                parts.append(f"<pre class=out>{html.escape(out.get('text', ''))}</pre>")
+                parts.append(f"<pre class=out>{esc(out.get('text', ''))}</pre>")
             elif kind == "error":
                 tb = "\n".join(out.get("traceback", [])) or f"{out.get('ename')}: {out.get('evalue')}"
-                parts.append(f"<pre class='out err'>{html.escape(_ansi_free(tb))}</pre>")
+                parts.append(f"<pre class='out err'>{esc(_ansi_free(tb))}</pre>")
             elif kind in ("execute_result", "display_data"):
                 data = out.get("data", {})
                 if "image/png" in data:
@@ -736,9 +989,9 @@ def render_html(entry: dict, nb) -> str:
                     parts.append(f"<img src='data:image/png;base64,{png.strip()}'>")
                 elif "text/plain" in data:
                     text = data["text/plain"] if isinstance(data["text/plain"], str) else "".join(data["text/plain"])
-                    parts.append(f"<pre class=out>{html.escape(text)}</pre>")
+                    parts.append(f"<pre class=out>{esc(text)}</pre>")
         if result is not None and result["feedback"]:
-            parts.append(f"<p class=err>{html.escape(result['feedback'])}</p>")
+            parts.append(f"<p class=err>{esc(result['feedback'])}</p>")
         parts.append("</div>")
     return "\n".join(parts)
 
@@ -749,55 +1002,25 @@ def render_html(entry: dict, nb) -> str:
 
 
 def grade(paths, *, source_dir="solutions", timeout=DEFAULT_TIMEOUT, html_dir=None, kernel_name="python3",
-          jobs=1, guard=True) -> dict:
-    """Grade every notebook in `paths`; one failing notebook never stops the others."""
-    source_dir = Path(source_dir)
-    index = source_index(source_dir)
-    # Sources are read once, up front: a submission that rewrites solutions/ cannot change later grades.
-    cached_sources: dict[Path, Path] = {}
-    source_copy = Path(tempfile.mkdtemp(prefix="autograde-sources-"))
-    for i, src in enumerate(sorted(set(index.values()))):
-        dest = source_copy / f"{i}" / src.name
-        dest.parent.mkdir(parents=True)
-        shutil.copy2(src, dest)
-        cached_sources[src] = dest
+          jobs=1, guard=True, sandbox: bool | None = None, budget_s: float = DEFAULT_BUDGET,
+          max_bytes: int = MAX_NOTEBOOK_BYTES, out_dir=None, roots=(), progress=False) -> dict:
+    """Grade every notebook in `paths` (worker processes, one sandbox each); one failing notebook
+    never stops the others. See autograder.batch for `out_dir` (one JSON each, summary.csv, resume)."""
+    from . import sandbox as sb
+    from .batch import run_batch
 
-    def one(path):
-        path = Path(path)
-        src = find_source(path, index)
-        stage = Stage()  # one per notebook: parallel notebooks never share (or blame each other for) files
-        try:
-            entry, nb = grade_notebook(path, cached_sources.get(src) if src else None, timeout=timeout,
-                                       kernel_name=kernel_name, guard=guard, stage=stage)
-        except Exception as exc:  # noqa: BLE001 - a grader bug on one notebook must not lose the others
-            entry, nb = {"path": str(path), "source": str(src) if src else None, "score": 0.0, "max_score": 0.0,
-                         "cells": [], "manual_cells": [], "integrity": [], "notes": [],
-                         "errors": [f"grader error: {type(exc).__name__}: {exc}"]}, None
-        finally:
-            stage.cleanup()
-        entry["source"] = str(src) if src else None
-        if html_dir is not None:
-            out = Path(html_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            parts = path.resolve().parts[-3:]
-            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", "__".join(parts)).removesuffix(".ipynb")
-            (out / f"{stem}.html").write_text(render_html(entry, nb), encoding="utf-8")
-            entry["html"] = str(out / f"{stem}.html")
-        return entry
-
-    try:
-        if jobs > 1:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                notebooks = list(pool.map(one, paths))
-        else:
-            notebooks = [one(p) for p in paths]
-    finally:
-        shutil.rmtree(source_copy, ignore_errors=True)
-    return {"score": sum(n["score"] for n in notebooks), "max_score": sum(n["max_score"] for n in notebooks),
-            "notebooks": notebooks}
+    if sandbox is None:
+        sandbox = sb.available() is None
+    elif sandbox and sb.available() is not None:
+        raise RuntimeError(f"no sandbox: {sb.available()}")
+    return run_batch(paths, roots=list(roots), source_dir=source_dir, timeout=timeout, html_dir=html_dir,
+                     kernel_name=kernel_name, jobs=jobs, guard=guard, sandbox=sandbox, budget_s=budget_s,
+                     max_bytes=max_bytes, out_dir=out_dir, progress=progress)
 
 
 def main(args) -> int:
+    from . import sandbox as sb
+
     paths = []
     for p in args.notebooks:
         p = Path(p)
@@ -805,13 +1028,23 @@ def main(args) -> int:
     if not paths:
         print("no notebooks to grade")
         return 2
+    why = sb.available()
+    if why is not None and not args.unsafe:
+        print(f"refusing to grade: no sandbox can be made here: {why}.\n"
+              "Every submission runs untrusted code; without a sandbox it can read other submissions and the "
+              "solutions, and change the grader's files. Pass --unsafe to grade anyway (only for your own notebooks).",
+              file=sys.stderr)
+        return 3
     result = grade(paths, source_dir=args.source_dir, timeout=args.timeout, html_dir=args.html,
-                   kernel_name=args.kernel, jobs=args.jobs)
+                   kernel_name=args.kernel, jobs=args.jobs, sandbox=not args.unsafe and why is None,
+                   budget_s=args.budget, max_bytes=int(args.max_notebook_mb * (1 << 20)), out_dir=args.out,
+                   roots=[Path(p) for p in args.notebooks], progress=not args.quiet)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    for nb in result["notebooks"]:
-        flag = " INTEGRITY" if nb["integrity"] else ""
-        errors = f" ({len(nb['errors'])} problem(s): {nb['errors'][0]})" if nb["errors"] else ""
-        print(f"{nb['score']:6g} / {nb['max_score']:<6g} {nb['path']}{flag}{errors}")
+    if not args.quiet or len(result["notebooks"]) <= 20:
+        for nb in result["notebooks"]:
+            flag = (" INTEGRITY" if nb["integrity"] else "") + (f" FLAGGED({len(nb['flags'])})" if nb.get("flags") else "")
+            errors = f" ({len(nb['errors'])} problem(s): {nb['errors'][0]})" if nb["errors"] else ""
+            print(f"{nb['score']:6g} / {nb['max_score']:<6g} {nb['path']}{flag}{errors}")
     print(f"{result['score']:6g} / {result['max_score']:<6g} total -> {args.json}")
     return 0

@@ -10,6 +10,8 @@ SUBCOMMANDS = {
     "simulate": ("course_lib.sim.cli", "serve a synthetic workload and report latency, throughput and KV waste"),
     "demo": ("course_lib.sim.demo", "the headline comparison at 100 users, with a table and plots"),
     "bench": ("course_lib.bench.cli", "benchmarks: `bench attention`, `bench engine`, `bench scheduler`"),
+    "serve": ("course_lib.serve.cli", "an OpenAI-compatible server with a live dashboard (/dashboard)"),
+    "load": ("course_lib.loadgen.cli", "drive any OpenAI-compatible endpoint with the simulator's workloads"),
 }
 USAGE = usage("python -m course_lib", "subcommand", SUBCOMMANDS)
 

@@ -6,7 +6,8 @@ exercise is not finished yet.
     fast_mode()           True when the notebooks should shrink their real-model runs (CPU)
     setup_torch(seed)     fixed seeds, and one CPU thread for the tiny model
     environment_report()  versions, CPU / GPU, Colab: printed, and returned as a dict
-    use_or_reference(...) the student's piece if it is finished, course_lib's otherwise
+    checking(exercise)    first line of an exercise's test cell: remembers whether the cell passed
+    use_or_reference(...) the student's piece if it is finished and passed its check, course_lib's otherwise
     padded_forward(...)   the model over a padded [B, L] batch with an attention mask
 
 Nothing here is needed by the engine itself; it exists so that every notebook opens with the
@@ -25,10 +26,10 @@ import textwrap
 # effect if it runs before torch is imported, which is why notebooks import this module first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# The GitHub repository the notebooks' "Open in Colab" badges and install cells point at.
-# A placeholder: replace "OWNER/REPO" everywhere (solutions/, notebooks/ and here) when the
-# course is published, then run `python scripts/generate_notebooks.py`.
-COURSE_REPO = "OWNER/REPO"
+# The GitHub repository the notebooks' "Open in Colab" badges and install cells point at: None
+# until the course is published. One setting, in course_lib/publish_settings.py; set it with
+# `python scripts/publish.py --repo OWNER/NAME` (which also rewrites every badge and install cell).
+from course_lib.publish_settings import COURSE_REPO  # noqa: E402
 
 
 # --------------------------------------------------------------------------------- where am I
@@ -144,18 +145,93 @@ def is_unfinished(impl) -> bool:
     return any("raise NotImplementedError" in text for text in _sources(impl))
 
 
-def use_or_reference(name: str, student_impl, reference_impl, probe=None, quiet: bool = False):
-    """The student's implementation if it is finished, otherwise `reference_impl`.
+# What each exercise's test cell did last time it ran: {exercise: CheckResult}. A test cell opens
+# with `checking("name")`; when the cell ends, an IPython hook records whether it raised. Later
+# cells ask `use_or_reference`, which falls back when the check failed (not only when the code is
+# unfinished), so the numbers after a wrong answer come from course_lib, and say so.
+class CheckResult:
+    def __init__(self, exercise: str):
+        self.exercise = exercise
+        self.status = "running"  # "running" (the cell has not ended), "passed", "failed"
+        self.error = ""  # "AssertionError: first line of the message" when failed
 
-    "Finished" means: the code no longer contains the `raise NotImplementedError()` placeholder,
-    and, when a `probe` is given, `probe(student_impl)` runs without raising (pass a cheap
-    check, e.g. one of the autograder's checks). Either way the cell that calls this keeps
-    working, and it says which implementation it is using, so a student can go on with the
-    notebook and come back to the exercise later.
+    def finish(self, error: BaseException | None) -> None:
+        if error is None:
+            self.status, self.error = "passed", ""
+        else:
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            self.status, self.error = "failed", f"{type(error).__name__}: {first_line[:200]}".rstrip(": ")
+
+    # `with checking("name"): ...` records the block's outcome where there is no IPython.
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.finish(exc)
+        _RUNNING.discard(self.exercise)
+        return False
+
+
+CHECKS: dict[str, CheckResult] = {}
+_RUNNING: set[str] = set()  # exercises whose test cell is executing now
+
+
+def _record_cell_outcome(result) -> None:
+    """IPython post_run_cell hook: the outcome of the cell that called `checking`."""
+    error = result.error_in_exec or result.error_before_exec
+    for exercise in list(_RUNNING):
+        CHECKS[exercise].finish(error)
+    _RUNNING.clear()
+
+
+def _install_hook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    if _record_cell_outcome not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _record_cell_outcome)
+    return True
+
+
+def checking(exercise: str) -> CheckResult:
+    """Call first in an exercise's test cell: `checking("pad_batch")`. When the cell ends, whether
+    it raised is remembered, and `use_or_reference("pad_batch", ...)` in a later cell uses course_lib's
+    piece if it did. (Outside IPython use it as `with checking("pad_batch"): ...`.)"""
+    if not isinstance(exercise, str) or not exercise:
+        raise ValueError(f"checking() needs the exercise's name (a non-empty str), got {exercise!r}")
+    result = CHECKS[exercise] = CheckResult(exercise)
+    if _install_hook():
+        _RUNNING.add(exercise)
+    return result
+
+
+def use_or_reference(name: str, student_impl, reference_impl, probe=None, quiet: bool = False,
+                     exercise: str | None = None):
+    """The student's implementation if it is finished and passes its check, otherwise `reference_impl`.
+
+    - unfinished (still `raise NotImplementedError()`): the reference;
+    - its test cell ran and failed (`checking(exercise)`, `exercise` defaults to `name`): the
+      reference, with a one-line note naming the exercise and the check's first line;
+    - its test cell passed: the student's;
+    - its test cell has not run: the student's if `probe(student_impl)` (when given) runs cleanly.
+
+    Either way the cell that calls this keeps working and says which implementation it uses, so a
+    student can go on with the notebook and come back to the exercise later. `reference_impl`
+    should be course_lib's piece (the autograder's answer key does not ship to students).
     """
+    exercise = exercise or name
+    recorded = CHECKS.get(exercise)
     reason = None
     if is_unfinished(student_impl):
         reason = f"your {name} is not finished yet"
+    elif recorded is not None and recorded.status == "failed":
+        reason = f"your {name} failed its check above ({recorded.error})"
+    elif recorded is not None and recorded.status == "passed":
+        pass
     elif probe is not None:
         try:
             probe(student_impl)

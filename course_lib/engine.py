@@ -268,7 +268,10 @@ class LLMEngine:
         if use_tqdm:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
+            # smoothing=0: the rate is requests done / time elapsed. The default moving average
+            # keeps the rate of the first update when the rest finish in one burst (2.7 req/s
+            # shown for 64 requests done in 0.4 s in a notebook).
+            bar = tqdm(total=len(ids), desc="generate", unit="req", smoothing=0)
         pending = set(ids)
         while pending:
             if not self.has_unfinished_requests:

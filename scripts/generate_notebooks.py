@@ -12,8 +12,18 @@ course directory configured by this script (no nbgrader_config.py involved):
     source_directory = "solutions", release_directory = "notebooks"
 
 and then normalises what nbgrader wrote: no outputs, no execution counts, no widget state, a
-`python3` kernelspec, one canonical JSON layout. Other files of an assignment folder (data files)
-are copied by nbgrader as they are.
+`python3` kernelspec, one canonical JSON layout, and the "Open in Colab" badge and Colab install
+cell rendered from course_lib/publish_settings.py (scripts/notebook_cells.py; scripts/publish.py
+changes the setting). Other files of an assignment folder (data files) are copied by nbgrader as
+they are.
+
+Run All must reach the end of a student notebook whose exercises are all unfinished, so in the
+student versions (only) every cell that may raise because an exercise is unfinished gets the
+`raises-exception` cell tag: each autograded test cell, each cell whose code raises
+NotImplementedError outside any function (a top-level solution region), and each cell the author
+tagged `may-raise-unfinished` in solutions/. JupyterLab, nbclient/nbconvert and nbval go on past an
+error in a cell so tagged; nbgrader and `python -m autograder grade` run every cell anyway and
+grade from the outputs, so the tag changes no score (docs/run_all.md).
 
 The sources are normalised the same way, in place (an instructor who saved a notebook with its
 outputs and widget state just reruns this script). `--check` changes nothing: it fails if a source
@@ -23,6 +33,7 @@ is missing, or should not be there); tests/test_notebooks.py runs it.
 from __future__ import annotations
 
 import argparse
+import ast
 import filecmp
 import shutil
 import sys
@@ -31,10 +42,15 @@ from pathlib import Path
 
 import nbformat
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import notebook_cells  # noqa: E402  (scripts/notebook_cells.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = "solutions"
 RELEASE_DIR = "notebooks"
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+RAISES_TAG = "raises-exception"  # JupyterLab, nbclient and nbval run on past an error in such a cell
+AUTHOR_TAG = "may-raise-unfinished"  # an author's mark, in solutions/, for a cell the rules below miss
 
 
 # ------------------------------------------------------------------------------ normalising
@@ -59,8 +75,53 @@ def canonical_text(nb: nbformat.NotebookNode) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def normalised_text(path: Path) -> str:
-    return canonical_text(normalise(nbformat.read(path, as_version=4)))
+def normalised_text(path: Path, root: Path = ROOT) -> str:
+    """The notebook normalised, with its badge and install cell as the publishing setting says.
+    The badge of solutions/A/X.ipynb and of notebooks/A/X.ipynb both open notebooks/A/X.ipynb."""
+    nb = normalise(nbformat.read(path, as_version=4))
+    repo, version = notebook_cells.settings(root)
+    notebook_cells.render(nb, f"{RELEASE_DIR}/{path.parent.name}/{path.name}", repo, version)
+    return canonical_text(nb)
+
+
+# ------------------------------------------------------------------------------ Run All goes on
+def _raises_not_implemented_at_top_level(source: str) -> bool:
+    """True if the cell's own code (not a function or class body) raises NotImplementedError."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics (%matplotlib): fall back to the text
+        return any(line.startswith("raise NotImplementedError") for line in source.splitlines())
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
+                return True
+        pending.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def may_raise_when_unfinished(cell) -> bool:
+    if cell.cell_type != "code":
+        return False
+    grading = cell.metadata.get("nbgrader", {})
+    is_autograded_test = grading.get("grade", False) and not grading.get("solution", False)
+    return (is_autograded_test or AUTHOR_TAG in cell.metadata.get("tags", [])
+            or _raises_not_implemented_at_top_level(cell.source))
+
+
+def tag_cells_that_may_raise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A student notebook: `raises-exception` on every cell that may fail only because an exercise
+    is unfinished, so that Run All shows the failure and goes on (later cells fall back)."""
+    for cell in nb.cells:
+        if may_raise_when_unfinished(cell):
+            tags = cell.metadata.setdefault("tags", [])
+            if RAISES_TAG not in tags:
+                tags.append(RAISES_TAG)
+    return nb
 
 
 # ------------------------------------------------------------------------------ generating
@@ -97,8 +158,9 @@ def run_nbgrader(course: Path, names: list[str]) -> None:
             raise SystemExit(f"nbgrader generate_assignment {name} failed: {err}") from err
 
 
-def generate(source_root: Path, out_root: Path, names: list[str]) -> None:
-    """Run nbgrader on a temporary copy of `source_root`; write the normalised result to `out_root`."""
+def generate(source_root: Path, out_root: Path, names: list[str], root: Path = ROOT) -> None:
+    """Run nbgrader on a temporary copy of `source_root`; write the normalised result, tagged for
+    Run All, to `out_root`."""
     with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp:
         course = Path(tmp)
         shutil.copytree(source_root, course / SOURCE_DIR,
@@ -111,7 +173,8 @@ def generate(source_root: Path, out_root: Path, names: list[str]) -> None:
                 shutil.rmtree(target)
             shutil.copytree(released / name, target)
             for path in target.rglob("*.ipynb"):
-                path.write_text(normalised_text(path))
+                student = nbformat.reads(normalised_text(path, root), as_version=4)
+                path.write_text(canonical_text(tag_cells_that_may_raise(student)))
 
 
 def differences(expected_root: Path, actual_root: Path, names: list[str]) -> list[str]:
@@ -147,17 +210,18 @@ def main(argv=None) -> int:
     problems = []
     for name in names:
         for path in sorted((source_root / name).glob("*.ipynb")):
-            text = normalised_text(path)
+            text = normalised_text(path, args.root)
             if path.read_text() != text:
                 if args.check:
-                    problems.append(f"not normalised (outputs, widget state or layout): {path.relative_to(args.root)}")
+                    problems.append(f"not normalised (outputs, widget state, layout, or a badge / install cell "
+                                    f"other than course_lib/publish_settings.py says): {path.relative_to(args.root)}")
                 else:
                     path.write_text(text)
                     print(f"normalised {path.relative_to(args.root)}")
 
     if args.check:
         with tempfile.TemporaryDirectory(prefix="notebooks-") as tmp:
-            generate(source_root, Path(tmp), names)
+            generate(source_root, Path(tmp), names, args.root)
             problems += differences(Path(tmp), release_root, names)
         if problems:
             print("\n".join(problems))
@@ -167,7 +231,7 @@ def main(argv=None) -> int:
         return 0
 
     release_root.mkdir(exist_ok=True)
-    generate(source_root, release_root, names)
+    generate(source_root, release_root, names, args.root)
     print(f"generated {len(names)} assignments into {RELEASE_DIR}/: {', '.join(names)}")
     return 0
 

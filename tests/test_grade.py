@@ -335,13 +335,20 @@ def test_edited_or_deleted_tests_are_restored(graded, name):
     ("patches_check", "check_kv_bytes_per_token was replaced"),
     ("patches_check_visibly", "refers to the autograder"),
     ("replaces_assertionerror", "builtins.AssertionError was replaced"),
-    ("rewrites_check_file", "changed autograder/checks/nb00_setup.py on disk"),
 ])
 def test_tampering_gets_no_credit_and_says_why(graded, name, reason):
     nb = graded[1][name]
     assert nb["score"] == 0, scores(nb)
     assert any(reason in item for item in nb["integrity"]), nb["integrity"]
     assert all(c["status"] == "integrity" and reason in c["feedback"] for c in nb["cells"])
+
+
+def test_rewriting_a_check_file_fails_on_the_read_only_code(graded):
+    """In the sandbox the course's code is mounted read-only: the write fails, nothing changes (the
+    fixture checks the repository's file), and the exercise's answer (returns 1) earns nothing."""
+    nb = graded[1]["rewrites_check_file"]
+    assert nb["sandbox"] == "bwrap"
+    assert scores(nb)["test_kv"] == 0 and nb["score"] < MAX
 
 
 def test_handing_in_course_lib_costs_that_exercise(graded):

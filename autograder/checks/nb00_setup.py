@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 from course_lib.model.config import ModelConfig
 
 from .. import fixtures
-from .._checking import call, check, expect, fail, watch_calls
+from .._checking import REFERENCE_MESSAGE, call, check, expect, fail, watch_calls
 
 
 def _kv_cases(rng: random.Random):
@@ -20,11 +21,19 @@ def _kv_cases(rng: random.Random):
         cases.append((ModelConfig(vocab_size=100, hidden_size=heads * 16, intermediate_size=64,
                                   num_layers=rng.randint(2, 9), num_heads=heads, num_kv_heads=kv_heads,
                                   head_dim=head_dim), rng.choice([1, 2, 4])))
+    # A 405B-sized shape (exact big ints) and a bare object with only the three fields the cost depends
+    # on (code that reads hidden_size or num_heads fails here), in fp8 (1 byte per number).
+    cases.append((ModelConfig(vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_layers=126,
+                              num_heads=128, num_kv_heads=8, head_dim=128), 2))
+    cases.append((SimpleNamespace(num_layers=rng.randint(3, 40), num_kv_heads=rng.choice([1, 2, 8]),
+                                  head_dim=rng.choice([64, 96, 128])), 1))
     return cases
 
 
 def _kv_hint(cfg, b, got) -> str:
     L, kvh, hd = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    if not hasattr(cfg, "num_heads"):
+        return ""
     wrong = {
         "num_heads instead of num_kv_heads (with GQA only the KV heads are cached)": 2 * L * cfg.num_heads * hd * b,
         "no factor 2 (every token stores a key AND a value)": L * kvh * hd * b,
@@ -42,9 +51,12 @@ def _kv_hint(cfg, b, got) -> str:
 def check_kv_bytes_per_token(impl, seed, allow_reference):
     for cfg, b in _kv_cases(random.Random(seed)):
         want = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * b
-        got = call(f"kv_bytes_per_token(config, {b})", impl, cfg, b)
-        shape = (f"num_layers={cfg.num_layers}, num_heads={cfg.num_heads}, num_kv_heads={cfg.num_kv_heads}, "
-                 f"head_dim={cfg.head_dim}, hidden_size={cfg.hidden_size}, bytes_per_elem={b}")
+        got = call(f"kv_bytes_per_token(config, {b}) for a config with only "
+                   f"{', '.join(sorted(vars(cfg)))}" if isinstance(cfg, SimpleNamespace)
+                   else f"kv_bytes_per_token(config, {b})", impl, cfg, b)
+        shape = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("num_layers", "num_heads", "num_kv_heads", "head_dim",
+                                                              "hidden_size") if hasattr(cfg, k))
+        shape += f", bytes_per_elem={b}"
         expect(isinstance(got, int) and not isinstance(got, bool),
                f"kv_bytes_per_token must return an int (a number of bytes), got {type(got).__name__} {got!r} "
                f"for {shape}")
@@ -80,20 +92,33 @@ def _answer_cases(seed: int):
         j = long_cases[-1]
         (full,) = fixtures.greedy(model, [tok.encode_prompt(prompts[j])], 64, [eos])
         cases.append((prompts[j], None, tok.decode(full)))
-    return model, tok, cases
+        cases.append((prompts[i], 1, tok.decode(runs[i][:1])))  # max_tokens=1: the prefill's token alone
+    cases = [(model, tok) + case for case in cases]
+    # The same prompt to ANOTHER model: an answer that keeps the first engine (or model) it saw fails here.
+    other, _ = fixtures.char_model(seed + 100)
+    prompt = prompts[long_cases[0]] if long_cases else prompts[0]
+    (run,) = fixtures.greedy(other, [tok.encode_prompt(prompt)], 12, [eos])
+    cases.append((other, tok, prompt, 12, tok.decode(run)))
+    return cases
 
 
 @check("answer")
 def check_answer(impl, seed, allow_reference):
-    model, tok, cases = _answer_cases(seed)
-    expect(cases, "internal: no usable answer cases for this seed")
+    cases = _answer_cases(seed)
+    expect(len(cases) >= 3, "internal: no usable answer cases for this seed")
+    import course_lib.cli.generate as generate_module
     import course_lib.engine as engine_module
 
-    for prompt, max_tokens, want in cases:
+    first_model = cases[0][0]
+    for model, tok, prompt, max_tokens, want in cases:
         args = (model, tok, prompt) if max_tokens is None else (model, tok, prompt, max_tokens)
-        shown = f"answer(model, tokenizer, {prompt!r}" + ("" if max_tokens is None else f", max_tokens={max_tokens}") + ")"
-        with watch_calls([engine_module]) as calls:
+        which = "model" if model is first_model else "another_model"
+        shown = (f"answer({which}, tokenizer, {prompt!r}" + ("" if max_tokens is None else f", max_tokens={max_tokens}")
+                 + ")")
+        with watch_calls([engine_module, generate_module]) as calls:
             got = call(shown, impl, *args)
+        if not allow_reference and any(module == generate_module.__name__ for module, _ in calls):
+            fail(f"answer {REFERENCE_MESSAGE} (it calls {generate_module.__name__})")
         expect(isinstance(got, str), f"{shown} must return the decoded text (a str), got {type(got).__name__}: {got!r:.80}")
         expect(any(func == "step" for _, func in calls),
                f"{shown} must serve the prompt through the engine: LLMEngine(model, EngineConfig()).generate(...) "
@@ -106,6 +131,11 @@ def check_answer(impl, seed, allow_reference):
                 hint = " It stopped after 16 tokens: pass SamplingParams(max_tokens=max_tokens) (default 64)."
             elif max_tokens is not None and len(got) > len(want) and got.startswith(want):
                 hint = f" It is longer than max_tokens={max_tokens}: pass SamplingParams(max_tokens=max_tokens)."
+            elif "<" in got and got.replace("<eos>", "").replace("<bos>", "") == want:
+                hint = " It contains special tokens: tokenizer.decode(ids) drops them (keep its default)."
+            elif model is not first_model:
+                hint = (" This is a second model: serve the model you are given (a new LLMEngine(model, ...) "
+                        "per call), not one kept from an earlier call or the notebook's global model.")
             elif not got:
                 hint = " Encode the prompt with tokenizer.encode_prompt(prompt) (<bos> + text + separator)."
             fail(f"{shown} returned {got!r}, expected the model's greedy answer {want!r}.{hint or ' Encode with tokenizer.encode_prompt(prompt), generate greedily with SamplingParams(max_tokens=max_tokens), decode out.token_ids.'}")

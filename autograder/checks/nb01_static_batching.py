@@ -1,13 +1,41 @@
-"""Checks for notebook 01 (static batching): left padding, padding waste, the naive batched loop."""
+"""Checks for notebook 01 (static batching): left padding, the naive batched loop with and without
+a KV cache, padding waste.
+
+The two loops are held to the same greedy tokens as the plain float64 model AND to the shape of
+every forward pass they make (counted at the model's embedding, so `model(...)` and
+`model.forward(...)` are both seen): a static batch carries every row in every pass; without a
+cache pass k recomputes the whole rectangle `B x (L + k)`; with one, the prefill computes the
+padded prompts `B x L` once and every later pass feeds exactly one new token per row.
+"""
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 
 import torch
 
 from .. import fixtures
-from .._checking import call, check, expect, fail, same_float
+from .._checking import call, check, expect, fail, forbid_calls, same_float
+
+
+def _course_lib_batching():
+    import course_lib.static_batching as module
+
+    return module
+
+
+def _expect_value_error(shown: str, fn, *args, why: str) -> None:
+    """`fn(*args)` must raise ValueError (bad input gets a clear error, not a silent answer)."""
+    try:
+        got = fn(*args)
+    except ValueError:
+        return
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        fail(f"{shown} raised {type(exc).__name__}: {exc}; expected a ValueError ({why})")
+    fail(f"{shown} returned {got!r:.120}; expected a ValueError ({why})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -29,21 +57,25 @@ def _pad_cases(rng: random.Random):
     cases = [([[5, 6, 7], [8], [9, 10]], 0)]
     batch = rng.randint(4, 6)
     cases.append(([[rng.randrange(3, 90) for _ in range(rng.randint(1, 9))] for _ in range(batch)],
-                  rng.choice([0, 1, 97])))
+                  rng.choice([1, 97, 250])))
     length = rng.randint(2, 5)
     cases.append(([[rng.randrange(3, 90) for _ in range(length)] for _ in range(3)], 0))  # no padding needed
     cases.append(([[rng.randrange(3, 90) for _ in range(rng.randint(1, 6))]], 2))  # a batch of one
-    # A pad id that also occurs as a real token: the mask, not the ids, says what is padding.
-    cases.append(([[4, 4, 9], [4], [7, 4]], 4))
+    # A pad id that also occurs as a real token: the lengths, not the ids, say what is padding.
+    pad = rng.choice([0, 4])
+    cases.append(([[pad, pad, 9], [pad], [7, pad], [11, 12, 13, 14]], pad))
+    # The longest prompt is not the first one, and a one-token prompt rides with a long one.
+    cases.append(([[rng.randrange(3, 90)], [rng.randrange(3, 90) for _ in range(rng.randint(10, 16))]], 0))
     return cases
 
 
-@check("pad_batch")
+@check("pad_batch", forbidden=lambda: (_course_lib_batching().pad_batch,))
 def check_pad_batch(impl, seed, allow_reference):
     for prompts, pad_id in _pad_cases(random.Random(seed)):
         original = copy.deepcopy(prompts)
         shown = f"pad_batch({prompts}, pad_id={pad_id})"
-        result = call(shown, impl, prompts, pad_id)
+        with forbid_calls("pad_batch", [_course_lib_batching()], enabled=not allow_reference):
+            result = call(shown, impl, prompts, pad_id)
         expect(prompts == original, f"{shown} modified its input prompts (now {prompts}): build new tensors instead")
         expect(isinstance(result, tuple) and len(result) == 2,
                f"{shown} must return a tuple (ids, mask), got {type(result).__name__}")
@@ -70,7 +102,14 @@ def check_pad_batch(impl, seed, allow_reference):
             if got_mask == inverted:
                 fail(f"{shown}: the mask is inverted; it must be True on real tokens and False on padding "
                      f"({want_mask})")
+            from_ids = [[t != pad_id for t in row] for row in want_ids]
+            if got_mask == from_ids:
+                fail(f"{shown}: mask should be {want_mask}, got {got_mask}: the pad id {pad_id} is also a real "
+                     "token here, so the mask must come from the prompts' lengths, not from ids != pad_id")
             fail(f"{shown}: mask should be {want_mask} (True on real tokens), got {got_mask}")
+    for bad, why in (([], "there are no prompts to batch"),
+                     ([[5, 6], []], "prompt 1 is empty: it has no last token to predict from")):
+        _expect_value_error(f"pad_batch({bad}, pad_id=0)", lambda b=bad: impl(b, 0), why=why)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +135,8 @@ def _waste_hint(p, o, got) -> str:
             (b * pm - sum(p)) / (b * pm + b * (om - 1)),
         "padding / useful slots; the waste is padding / ALL computed slots":
             (b * pm + b * (om - 1) - sum(p) - sum(n - 1 for n in o)) / max(1, sum(p) + sum(n - 1 for n in o)),
+        "the useful fraction; the question is the padding fraction (1 - useful)":
+            (sum(p) + sum(n - 1 for n in o)) / (b * pm + b * (om - 1)),
     }
     for reason, value in alternatives.items():
         if same_float(got, value) and not same_float(value, _waste(p, o)):
@@ -103,16 +144,22 @@ def _waste_hint(p, o, got) -> str:
     return ""
 
 
-@check("padding_waste")
-def check_padding_waste(impl, seed, allow_reference):
-    rng = random.Random(seed)
-    cases = [([3, 5], [4, 2]), ([7], [5]), ([4, 4, 4], [1, 1, 1])]
+def _waste_cases(rng: random.Random):
+    cases = [([3, 5], [4, 2]), ([7], [5]), ([4, 4, 4], [1, 1, 1]), ([3, 5], [1, 1]), ([6, 6], [9, 9]),
+             ([2, 9, 4], [1, 12, 1])]
     for _ in range(4):
         batch = rng.randint(2, 8)
         cases.append(([rng.randint(1, 40) for _ in range(batch)], [rng.randint(1, 30) for _ in range(batch)]))
-    for prompt_lens, output_lens in cases:
+    cases.append(([rng.randint(1, 20) for _ in range(32)], [20] * 31 + [1000]))  # one long answer among many
+    return cases
+
+
+@check("padding_waste", forbidden=lambda: (_course_lib_batching().padding_waste,))
+def check_padding_waste(impl, seed, allow_reference):
+    for prompt_lens, output_lens in _waste_cases(random.Random(seed)):
         shown = f"padding_waste({prompt_lens}, {output_lens})"
-        got = call(shown, impl, list(prompt_lens), list(output_lens))
+        with forbid_calls("padding_waste", [_course_lib_batching()], enabled=not allow_reference):
+            got = call(shown, impl, list(prompt_lens), list(output_lens))
         want = _waste(prompt_lens, output_lens)
         expect(isinstance(got, (int, float)) and not isinstance(got, bool),
                f"{shown} must return a float (a fraction), got {type(got).__name__} {got!r}")
@@ -122,45 +169,69 @@ def check_padding_waste(impl, seed, allow_reference):
                  f"{b} x {om - 1} decode slots = {b * pm + b * (om - 1)}, of which "
                  f"{sum(prompt_lens) + sum(n - 1 for n in output_lens)} hold real tokens."
                  f"{_waste_hint(prompt_lens, output_lens, got)}")
+    for p, o, why in (([3, 5, 2], [4, 2], "3 prompt lengths but 2 output lengths: one of each per request"),
+                      ([], [], "no requests: the fraction of nothing is undefined"),
+                      ([3, 5], [4, 0], "an output length of 0: the prefill always yields a first token")):
+        _expect_value_error(f"padding_waste({p}, {o})", lambda p=p, o=o: impl(list(p), list(o)), why=why)
 
 
 # ---------------------------------------------------------------------------------------------
-# static_generate
+# static_generate and static_generate_cached: the same batches, two pass shapes
 # ---------------------------------------------------------------------------------------------
+
+
+def _pick(rng, tokens):
+    return sorted(tokens)[rng.randrange(len(tokens))] if tokens else None
 
 
 def _static_cases(seed: int):
-    """Two batches on one model: (A) EOS ends some rows early, the rest run to max_tokens; (B) every
-    row ends with EOS before max_tokens, so the batch must stop early."""
+    """(label, prompts, max_tokens, eos_id) on fixtures.random_model(seed), each checked to hold:
+
+    A  some rows stop at their EOS, the others run to max_tokens (the batch runs to max_tokens);
+    B  every row stops at its EOS before max_tokens (the batch must stop early);
+    C  max_tokens=1 (the prefill pass alone answers);
+    D  equal-length prompts (no padding) and a batch of one (prompt of one token)."""
     rng = random.Random(seed)
     model = fixtures.random_model(seed)
-    vocab = model.config.vocab_size
-    max_tokens = 10
-    candidates = fixtures.random_prompts(rng, 10, vocab, lo=1, hi=12)
-    runs = fixtures.greedy(model, candidates, max_tokens)
-    # (A) a token in some runs (not at their first position) but not all
-    counts = {}
-    for i, run in enumerate(runs[:5]):
-        for t in set(run[1:-1]):
-            counts.setdefault(t, set()).add(i)
-    partial = sorted((t for t, rows in counts.items() if 0 < len(rows) < 5), key=lambda t: (-len(counts[t]), t))
-    eos_a = partial[0] if partial else runs[0][2]
-    # (B) a token shared by 2-3 runs before their last position
-    shared = {}
-    for i, run in enumerate(runs):
-        for t in set(run[:-2]):
-            shared.setdefault(t, []).append(i)
-    best = max(shared.items(), key=lambda kv: (min(len(kv[1]), 3), -kv[0]))
-    eos_b, rows_b = best[0], best[1][:3]
-    if len(rows_b) < 2:
-        rows_b = [rows_b[0], rows_b[0]]
-    cases = [(candidates[:5], max_tokens, eos_a), ([candidates[i] for i in rows_b], max_tokens, eos_b)]
-    return [(prompts, mt, eos, fixtures.greedy(model, prompts, mt, [eos])) for prompts, mt, eos in cases]
+    vocab, max_tokens = model.config.vocab_size, 10
+    for _attempt in range(20):
+        candidates = fixtures.random_prompts(rng, 10, vocab, lo=1, hi=12)
+        candidates[1][0] = 0  # a real token equal to the pad id (0): only the lengths say what is padding
+        candidates[2] = candidates[2][:1] if len(candidates[2]) > 1 else candidates[2]  # a one-token prompt
+        runs = fixtures.greedy(model, candidates, max_tokens)
+        # A: a token seen mid-run in some of the first 5 runs and nowhere in at least one of them
+        first5 = runs[:5]
+        mid = {t for run in first5 for t in run[1:-1]}
+        eos_a = _pick(rng, [t for t in mid if any(t not in run for run in first5)
+                            and sum(t in run[1:-1] for run in first5) >= 2])
+        # B: a token in the first 7 positions of 3 runs
+        early = {}
+        for i, run in enumerate(runs):
+            for t in set(run[:-3]):
+                early.setdefault(t, []).append(i)
+        shared = [t for t, rows in early.items() if len(rows) >= 3]
+        eos_b = _pick(rng, shared)
+        if eos_a is not None and eos_b is not None:
+            break
+    else:  # pragma: no cover - twenty unlucky draws
+        raise RuntimeError(f"internal: no usable static batching cases for seed {seed}")
+    rows_b = sorted(rng.sample(early[eos_b], 3))
+    same_len = rng.randint(2, 6)
+    cases = [
+        ("A", candidates[:5], max_tokens, eos_a),
+        ("B", [candidates[i] for i in rows_b], max_tokens, eos_b),
+        ("C", [candidates[i] for i in (5, 6, 2)], 1, eos_a),
+        ("D", [[rng.randrange(3, vocab) for _ in range(same_len)] for _ in range(2)], rng.randint(2, 4), eos_b),
+        ("D", [[rng.randrange(3, vocab)]], rng.randint(3, 6), eos_a),
+    ]
+    return model, [(label, p, mt, eos, fixtures.greedy(model, p, mt, [eos])) for label, p, mt, eos in cases]
 
 
-def _static_hint(row, got, want, eos, all_want) -> str:
+def _static_hint(got, want, eos) -> str:
     if got[: len(want)] == want and len(got) > len(want):
-        return f" It continued after its EOS (id {eos}): cut each list right after its EOS."
+        if want and want[-1] == eos:
+            return f" It continued after its EOS (id {eos}): cut each list right after its EOS."
+        return f" It is longer than max_tokens={len(want)}: no row may have more than max_tokens tokens."
     if got == want[:-1] and want[-1] == eos:
         return f" The EOS (id {eos}) itself is missing: keep it as the list's last token."
     if len(got) < len(want) and got == want[: len(got)]:
@@ -169,36 +240,106 @@ def _static_hint(row, got, want, eos, all_want) -> str:
     if got and want and got[0] != want[0]:
         return (" Its very first token is already wrong: pad on the LEFT, mask the padding out of attention, "
                 "and read each row's next token from the last column.")
-    return ""
+    return (" The first tokens agree and then they part: the tokens fed after the prefill, their positions "
+            "(padding does not count), or the mask of the new column are off.")
 
 
-@check("static_generate")
-def check_static_generate(impl, seed, allow_reference):
-    for prompts, max_tokens, eos, want in _static_cases(seed):
-        model = fixtures.random_model(seed)
-        forwards = [0]
-        model.register_forward_pre_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
-        original = copy.deepcopy(prompts)
-        shown = f"static_generate(model, <{len(prompts)} prompts of lengths {[len(p) for p in prompts]}>, max_tokens={max_tokens}, eos_id={eos})"
+@contextlib.contextmanager
+def _count_tokens_per_pass(model):
+    """Record the number of tokens each forward pass of `model` feeds (at its embedding)."""
+    passes: list[int] = []
+    handle = model.embed_tokens.register_forward_pre_hook(lambda module, args: passes.append(int(args[0].numel())))
+    try:
+        yield passes
+    finally:
+        handle.remove()
+
+
+def _run_static(name, impl, model, label, prompts, max_tokens, eos, allow_reference):
+    original = copy.deepcopy(prompts)
+    shown = (f"{name}(model, <case {label}: {len(prompts)} prompts of lengths {[len(p) for p in prompts]}>, "
+             f"max_tokens={max_tokens}, eos_id={eos})")
+    with _count_tokens_per_pass(model) as passes, \
+            forbid_calls(name, [_course_lib_batching()], enabled=not allow_reference):
         got = call(shown, impl, model, prompts, max_tokens, eos)
-        expect(prompts == original, f"{shown} modified its input prompts: copy them before appending tokens")
-        expect(isinstance(got, (list, tuple)) and len(got) == len(prompts),
-               f"{shown} must return one list of token ids per prompt ({len(prompts)}), got {type(got).__name__}"
-               + (f" of length {len(got)}" if hasattr(got, "__len__") else ""))
-        rows = []
-        for i, row in enumerate(got):
-            expect(isinstance(row, (list, tuple)), f"{shown}: row {i} must be a list of ints, got {type(row).__name__}")
-            try:
-                rows.append([int(t) for t in row])
-            except (TypeError, ValueError):
-                fail(f"{shown}: row {i} must be a list of ints, got {row!r:.80}")
-        for i, (g, w) in enumerate(zip(rows, want)):
-            if g != w:
-                fail(f"{shown}: row {i} (prompt {prompts[i]}) should be {w} (greedy, cut after EOS), got {g}."
-                     f"{_static_hint(i, g, w, eos, want)}")
-        steps = max(len(w) for w in want)
-        expect(forwards[0] <= steps + 1,
-               lambda: f"{shown} ran {forwards[0]} forward passes, but the batch needs only {steps} steps: "
-                       + ("every row had finished: stop as soon as all rows are done."
-                          if all(w[-1] == eos for w in want) and steps < max_tokens else
-                          "a static batch runs ALL its prompts in each forward pass (not one prompt at a time)."))
+    expect(prompts == original, f"{shown} modified its input prompts: copy them before appending tokens")
+    expect(isinstance(got, (list, tuple)) and len(got) == len(prompts),
+           lambda: f"{shown} must return one list of token ids per prompt ({len(prompts)}), got {type(got).__name__}"
+                   + (f" of length {len(got)}" if hasattr(got, "__len__") else ""))
+    rows = []
+    for i, row in enumerate(got):
+        expect(isinstance(row, (list, tuple)), f"{shown}: row {i} must be a list of ints, got {type(row).__name__}")
+        try:
+            rows.append([int(t) for t in row])
+        except (TypeError, ValueError):
+            fail(f"{shown}: row {i} must be a list of ints, got {row!r:.80}")
+    return shown, rows, passes
+
+
+def _expect_tokens(shown, prompts, rows, want, eos):
+    for i, (g, w) in enumerate(zip(rows, want)):
+        if g != w:
+            fail(f"{shown}: row {i} (prompt {prompts[i]}) should be {w} (greedy, as the model alone gives it, "
+                 f"cut after EOS or at max_tokens), got {g}.{_static_hint(g, w, eos)}")
+
+
+def _expect_pass_count(shown, passes, want, max_tokens, eos):
+    steps = max(len(w) for w in want)
+    if len(passes) > steps:
+        why = ("every row had finished (EOS): stop as soon as all rows are done"
+               if steps < max_tokens else f"no row may get more than max_tokens={max_tokens} tokens")
+        fail(f"{shown} ran {len(passes)} forward passes; the batch needs exactly {steps} (one per generated "
+             f"column: the longest row has {steps} tokens): {why}.")
+    expect(len(passes) == steps, f"{shown} ran {len(passes)} forward passes for rows of {[len(w) for w in want]} "
+                                 f"tokens: expected exactly {steps}, one per generated column")
+
+
+@check("static_generate", forbidden=lambda: (_course_lib_batching().static_generate,))
+def check_static_generate(impl, seed, allow_reference):
+    model, cases = _static_cases(seed)
+    for label, prompts, max_tokens, eos, want in cases:
+        shown, rows, passes = _run_static("static_generate", impl, model, label, prompts, max_tokens, eos,
+                                          allow_reference)
+        _expect_tokens(shown, prompts, rows, want, eos)
+        _expect_pass_count(shown, passes, want, max_tokens, eos)
+        B, L = len(prompts), max(len(p) for p in prompts)
+        for k, tokens in enumerate(passes):
+            if tokens != B * (L + k):
+                if tokens == B and k > 0:
+                    why = ("it fed one token per row: that is a KV cache, the NEXT exercise. This one is the "
+                           "no-cache baseline: every step runs the whole rectangle again (padded_forward)")
+                elif tokens % B:
+                    why = ("not a multiple of the batch size: a static batch carries EVERY row (finished ones "
+                           "as padding) in every pass, all prompts together")
+                else:
+                    why = f"{tokens // B} columns per row: the batch grows by one column per step, for every row"
+                fail(f"{shown}: forward pass {k} fed {tokens} tokens; without a cache it computes all {B} rows "
+                     f"over the whole padded width {L} + {k} = {B} x {L + k} = {B * (L + k)} tokens; {why}.")
+
+
+@check("static_generate_cached", forbidden=lambda: (_course_lib_batching().static_generate_cached,))
+def check_static_generate_cached(impl, seed, allow_reference):
+    model, cases = _static_cases(seed)
+    for label, prompts, max_tokens, eos, want in cases:
+        shown, rows, passes = _run_static("static_generate_cached", impl, model, label, prompts, max_tokens,
+                                          eos, allow_reference)
+        B, L = len(prompts), max(len(p) for p in prompts)
+        expect(passes, f"{shown} never ran the model (no forward pass fed any token)")
+        if passes[0] != B * L:
+            fail(f"{shown}: the first forward pass fed {passes[0]} tokens; the prefill runs the whole padded "
+                 f"batch once: {B} rows x {L} columns (the longest prompt) = {B * L} tokens"
+                 + (", not one column at a time" if passes[0] == B else "") + ".")
+        for k, tokens in enumerate(passes[1:], start=1):
+            if tokens != B:
+                if tokens == B * (L + k):
+                    why = ("that is the whole rectangle again: the cache already holds every earlier column, "
+                           "feed only the newest token of each row")
+                elif tokens < B:
+                    why = ("fewer than the rows: a static batch carries EVERY row, finished ones as padding, "
+                           "until the whole batch is done")
+                else:
+                    why = "feed exactly one new token per row; the cache holds the rest"
+                fail(f"{shown}: forward pass {k} (a decode step) fed {tokens} tokens; expected {B} (one new "
+                     f"token for each of the {B} rows): {why}.")
+        _expect_tokens(shown, prompts, rows, want, eos)
+        _expect_pass_count(shown, passes, want, max_tokens, eos)

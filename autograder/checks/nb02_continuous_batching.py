@@ -1,13 +1,24 @@
-"""Checks for notebook 02 (continuous batching): the turnstile scheduler, and batch occupancy.
+"""Checks for notebook 02 (continuous batching): the turnstile scheduler, batch occupancy, and the
+token-budget sweep (chunked prefill, measured).
 
 The student's scheduler class is plugged into the real engine (`LLMEngine(..., scheduler=...)`):
 once serving a float64 model (greedy tokens must equal the dense model's), and several times with
-the scripted runner (no compute) while every step is inspected: the token budget, the seats,
-running requests first, the turnstile refilling seats at once, the admission policy obeyed,
-finished requests retired with their pages freed, and no page leaked.
+the scripted runner (no compute) while every step is inspected against the rules the notebook
+states: the token budget, the seats, running requests first, every free seat refilled in the same
+step, first come first served (nobody overtakes the head of the queue), no admission in a step
+that preempted, the admission policy obeyed, chunked prefill on and off (a prompt too big for the
+whole budget runs alone), prefix-cache hits skipped (the exact hit counter), finished requests
+retired with their pages freed, and no page leaked.
+
+The budget sweep is run on the check's own small workload (idle gaps, one-token answers, prompts
+longer than the budget, budgets out of order, a non-default seat count) under the simulated
+clock, where every number is deterministic: each row must equal course_lib's measurement, the
+curve must show the trade-off, and a second run must give the same rows.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import random
 
 from course_lib import EngineConfig, LLMEngine, SamplingParams
@@ -38,8 +49,8 @@ def _reference_modules():
 
 
 class _SpyAdmission:
-    """Admits while fewer than `limit` unfinished requests run (None: always), and records each
-    answer so the check can see whether a refusal was obeyed."""
+    """Admits while fewer than `limit` unfinished requests run (None: always), and counts the calls
+    so the check can see whether the policy was asked at all."""
 
     name = "spy"
 
@@ -54,6 +65,28 @@ class _SpyAdmission:
         return sum(1 for r in running if r.finish_reason is None) < self.limit
 
 
+class _PickyAdmission:
+    """Refuses prompts longer than `longest` tokens while anyone runs (an empty engine admits
+    anything): the head of the queue gets refused while shorter requests behind it would fit."""
+
+    name = "picky"
+
+    def __init__(self, longest: int):
+        self.longest = longest
+        self.refused: list[str] = []
+
+    def can_admit(self, request, num_new_tokens, cached_pages, kv, running) -> bool:
+        busy = any(r.finish_reason is None for r in running)
+        if busy and request.num_prompt_tokens > self.longest:
+            self.refused.append(request.request_id)
+            return False
+        return True
+
+
+def _ids(requests) -> list[str]:
+    return [r.request_id for r in requests]
+
+
 class _Inspector:
     """Wraps the engine's scheduler.schedule to check every decision against the rules."""
 
@@ -61,13 +94,14 @@ class _Inspector:
         self.engine, self.scenario, self.ample, self.chunked = engine, scenario, ample, chunked
         self.sched = engine.scheduler
         self.step = 0
+        self.preempting_steps = 0
         self._schedule = self.sched.schedule
         self.sched.schedule = self.schedule
 
     def schedule(self):
         sched, cfg = self.sched, self.engine.config
         before_running = [r for r in sched.running if r.finish_reason is None]
-        num_waiting = len(sched.waiting)
+        waiting_before = list(sched.waiting)
         out = self._schedule()
         where = f"{self.scenario}, step {self.step}"
         self.step += 1
@@ -75,40 +109,68 @@ class _Inspector:
                f"{where}: schedule() must return a SchedulerOutput, got {type(out).__name__}")
         ids = [s.request_id for s in out.scheduled]
         expect(len(ids) == len(set(ids)), f"{where}: a request was scheduled twice in one step ({ids})")
+        live = [r for r in sched.running if r.finish_reason is None]
+        # Admitted this step: newly seated, or preempted and seated again (the victim re-admitted).
+        admitted = [r for r in live if not any(r is b for b in before_running) or r.request_id in out.preempted]
+        if out.preempted:
+            self.preempting_steps += 1
+            expect(not admitted,
+                   f"{where}: this step preempted {out.preempted} (the pool is full) and still admitted "
+                   f"{_ids(admitted)} from the queue: expected no admission in a step that preempted, got "
+                   f"{len(admitted)}")
+        head = waiting_before[:len(admitted)]
+        if not out.preempted and _ids(admitted) != _ids(head):
+            fail(f"{where}: the queue was {_ids(waiting_before)[:6]} and this step admitted {_ids(admitted)}: "
+                 f"first come, first served means the first {len(admitted)} of the queue, in order "
+                 f"(expected {_ids(head)}); when the head cannot start, nobody behind it starts either")
         total = sum(s.num_new_tokens for s in out.scheduled)
         alone = not self.chunked and len(out.scheduled) == 1  # an unchunkable prompt may run alone
         expect(total <= cfg.max_num_batched_tokens or alone,
-               f"{where}: {total} tokens scheduled but the step's budget is max_num_batched_tokens="
-               f"{cfg.max_num_batched_tokens}: take min(pending tokens, budget left) for each request")
-        live = [r for r in sched.running if r.finish_reason is None]
+               f"{where}: {total} tokens scheduled ({[(s.request_id, s.num_new_tokens) for s in out.scheduled]}) "
+               f"but the step's budget is max_num_batched_tokens={cfg.max_num_batched_tokens}")
         expect(len(sched.running) <= cfg.max_num_seqs,
                f"{where}: {len(sched.running)} requests running but there are only max_num_seqs={cfg.max_num_seqs} seats")
         requests = self.engine.requests
+        short = []
         for s in out.scheduled:
             r = requests[s.request_id]
-            expect(r in sched.running, f"{where}: {s.request_id} was scheduled but is not in self.running")
+            expect(any(r is x for x in sched.running),
+                   f"{where}: {s.request_id} was scheduled but is not in self.running")
             expect(s.num_new_tokens >= 1, f"{where}: {s.request_id} scheduled with {s.num_new_tokens} tokens")
             expect(s.start == r.num_computed_tokens,
-                   f"{where}: {s.request_id}'s entry has start={s.start} but it has computed {r.num_computed_tokens} tokens")
+                   f"{where}: {s.request_id}'s entry has start={s.start} but it has computed {r.num_computed_tokens} "
+                   "tokens (after a prefix-cache hit the counter has moved: build the entry after admitting)")
+            expect(s.start + s.num_new_tokens <= r.num_tokens,
+                   f"{where}: {s.request_id} has {r.num_tokens} known tokens, {s.start} computed, but was scheduled "
+                   f"{s.num_new_tokens} more (expected at most {r.num_tokens - s.start}): tokens served from the "
+                   "prefix cache are not pending any more")
             expect(s.samples == (s.start + s.num_new_tokens == r.num_tokens),
                    f"{where}: {s.request_id}: samples must be True exactly when the chunk reaches the last known "
-                   f"token (start {s.start} + {s.num_new_tokens} vs {r.num_tokens} tokens)")
+                   f"token (start {s.start} + {s.num_new_tokens} vs {r.num_tokens} tokens), got {s.samples}")
+            if s.start + s.num_new_tokens < r.num_tokens:
+                short.append(s)
             if not self.chunked:
                 expect(s.num_new_tokens == r.num_tokens - r.num_computed_tokens,
                        f"{where}: enable_chunked_prefill is False but {s.request_id} got a chunk of {s.num_new_tokens} "
-                       f"of its {r.num_tokens - r.num_computed_tokens} pending tokens: schedule a prompt whole or not at all")
-        admitted = [r for r in live if r not in before_running]
-        skipped = [r for r in before_running if r in sched.running and r.request_id not in ids]
+                       f"of its {r.num_tokens - r.num_computed_tokens} pending tokens: expected the whole prompt or "
+                       "nothing")
+        if self.chunked and short and total < cfg.max_num_batched_tokens:
+            s = short[0]
+            fail(f"{where}: {s.request_id} got a chunk of {s.num_new_tokens} tokens and still has "
+                 f"{requests[s.request_id].num_tokens - s.start - s.num_new_tokens} pending, yet the step used only "
+                 f"{total} of its {cfg.max_num_batched_tokens}-token budget: expected the budget used up before "
+                 "a prompt is cut into chunks")
+        skipped = [r for r in before_running if any(r is x for x in sched.running) and r.request_id not in ids]
         if admitted and skipped:
             fail(f"{where}: running request {skipped[0].request_id} got no tokens while newly admitted "
                  f"{admitted[0].request_id} did: running requests keep their seats and are served first; "
-                 "admit from the queue only with the budget that is left")
+                 "the queue gets only the budget that is left")
         if self.ample and not out.preempted:
             expect(not skipped, f"{where}: running request {skipped[0].request_id if skipped else ''} got no tokens "
                                 "although the budget and pages allowed it: every running request advances each step")
-            want = min(cfg.max_num_seqs, len(before_running) + num_waiting)
+            want = min(cfg.max_num_seqs, len(before_running) + len(waiting_before))
             expect(len(live) == want,
-                   f"{where}: {len(before_running)} requests were running and {num_waiting} waiting with "
+                   f"{where}: {len(before_running)} requests were running and {len(waiting_before)} waiting with "
                    f"{cfg.max_num_seqs} seats, so {want} should run after schedule(), but {len(live)} do: "
                    "admit waiting requests into every free seat in the same step (the turnstile), not only when "
                    "the batch is empty or one per step")
@@ -124,27 +186,36 @@ class _Inspector:
         for r in engine.requests.values():
             if r.is_finished and r.request_id in kv.tables:
                 fail(f"{where}: request {r.request_id} finished but still holds {len(kv.tables[r.request_id].pages)} "
-                     "KV pages: finish(request) must free them (self.kv.free(request))")
+                     "KV pages: finish(request) must give them back at once")
         held = sum(len(t.pages) for t in kv.tables.values())
-        expect(held + pool.num_free_pages == pool.num_pages,
-               f"{where}: requests hold {held} pages and {pool.num_free_pages} are free, but the pool has "
-               f"{pool.num_pages}: pages leaked")
+        used = pool.num_pages - pool.num_free_pages
+        if engine.prefix_cache is None:
+            expect(held + pool.num_free_pages == pool.num_pages,
+                   f"{where}: requests hold {held} pages and {pool.num_free_pages} are free, but the pool has "
+                   f"{pool.num_pages}: pages leaked")
+        else:  # shared pages count once in the pool
+            expect(used <= held, f"{where}: {used} pages are in use but requests hold only {held}: pages leaked")
+
+
+def _add_all(engine, specs):
+    for i, spec in enumerate(specs):
+        prompt, out_len = (spec if isinstance(spec[0], list) else ([5] * spec[0], spec[1]))
+        engine.add_request(list(prompt), SamplingParams(max_tokens=out_len), request_id=f"r{i}",
+                           scripted_output_len=out_len)
 
 
 def _scripted_engine(impl, config: EngineConfig, admission, specs, scenario, ample, chunked=True):
     engine = LLMEngine(fixtures.scripted_model_config(), config, scheduler=impl, admission=admission)
     inspector = _Inspector(engine, scenario, ample, chunked)
-    for i, (prompt_len, out_len) in enumerate(specs):
-        engine.add_request([5] * prompt_len, SamplingParams(max_tokens=out_len), request_id=f"r{i}",
-                           scripted_output_len=out_len)
+    _add_all(engine, specs)
     return engine, inspector
 
 
 def _finish_checks(engine, scenario, specs):
-    for i, (prompt_len, out_len) in enumerate(specs):
+    for i, spec in enumerate(specs):
         r = engine.requests[f"r{i}"]
-        expect(r.is_finished and r.num_output_tokens == out_len,
-               f"{scenario}: request r{i} should have finished with {out_len} tokens, got {r.num_output_tokens} "
+        expect(r.is_finished and r.num_output_tokens == spec[1],
+               f"{scenario}: request r{i} should have finished with {spec[1]} tokens, got {r.num_output_tokens} "
                f"({r.status.value})")
     sched = engine.scheduler
     expect(not sched.running and not sched.waiting,
@@ -158,9 +229,27 @@ def _finish_checks(engine, scenario, specs):
 def _run_scripted(impl, name, allow, config, admission, specs, scenario, ample, chunked=True):
     engine, inspector = _scripted_engine(impl, config, admission, specs, scenario, ample, chunked)
     with forbid_calls(name, _reference_modules(), enabled=not allow):
-        drive(engine, f"{name} ({scenario})", max_steps=600, on_step=inspector.after_step)
+        drive(engine, f"{name} ({scenario})", max_steps=800, on_step=inspector.after_step)
     _finish_checks(engine, scenario, specs)
-    return engine
+    return engine, inspector
+
+
+def _prefix_specs(rng):
+    """Prompts sharing a 12-token prefix (3 pages of 4), each with its own tail."""
+    shared = [rng.randrange(3, 60) for _ in range(12)]
+    return [(shared + [rng.randrange(3, 60) for _ in range(rng.randint(1, 9))], rng.randint(2, 6)) for _ in range(6)]
+
+
+def _reference_hits(config, specs) -> int:
+    """The prefix-cache hit counter course_lib's scheduler reaches on the same scenario."""
+    from course_lib.scheduler.continuous import ContinuousScheduler
+
+    engine = LLMEngine(fixtures.scripted_model_config(), config, scheduler=ContinuousScheduler,
+                       admission=_SpyAdmission())
+    _add_all(engine, specs)
+    while engine.has_unfinished_requests:
+        engine.step()
+    return engine.prefix_cache.hit_tokens
 
 
 @check("StudentScheduler", forbidden=_reference_schedulers, allowed_bases=_scheduler_base)
@@ -181,33 +270,66 @@ def check_StudentScheduler(impl, seed, allow_reference):
                   EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=8, admission="none"),
                   _SpyAdmission(), specs, "budget of 8 tokens per step", ample=False)
 
-    # 3. Chunked prefill switched off: a prompt is scheduled whole or not at all.
-    specs = [(rng.randint(20, 30), rng.randint(2, 6)) for _ in range(4)]
+    # 3. Chunked prefill switched off: a prompt is scheduled whole or not at all, and one bigger than the
+    #    whole budget runs in a step of its own (else it would wait forever).
+    specs = [(rng.randint(20, 30), rng.randint(2, 6)) for _ in range(3)]
+    specs.insert(rng.randint(1, 3), (rng.randint(70, 90), rng.randint(2, 4)))
     _run_scripted(impl, name, allow_reference,
                   EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=64, admission="none",
                                enable_chunked_prefill=False),
-                  _SpyAdmission(), specs, "enable_chunked_prefill=False", ample=False, chunked=False)
+                  _SpyAdmission(), specs, "enable_chunked_prefill=False, budget 64, one prompt longer than 64",
+                  ample=False, chunked=False)
 
     # 4. The admission policy is obeyed.
     spy = _SpyAdmission(limit=2)
     specs = [(rng.randint(2, 8), rng.randint(2, 8)) for _ in range(6)]
-    engine = _run_scripted(impl, name, allow_reference,
-                           EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=256),
-                           spy, specs, "an admission policy allowing 2 running requests", ample=False)
+    engine, _ = _run_scripted(impl, name, allow_reference,
+                              EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=256),
+                              spy, specs, "an admission policy allowing 2 running requests", ample=False)
     expect(spy.calls > 0, f"{name}.schedule() never asked self.admission.can_admit(request, n, cached_pages, "
                           "self.kv, self.running) before admitting a request")
-    expect(max(s.num_running for s in engine.step_stats) <= 2,
-           f"{name} admitted a request although self.admission.can_admit(...) returned False (up to "
-           f"{max(s.num_running for s in engine.step_stats)} requests ran; the policy allowed 2): stop admitting "
-           "when it says no")
+    peak = max(s.num_running for s in engine.step_stats)
+    expect(peak <= 2, f"{name} admitted a request although self.admission.can_admit(...) returned False (expected "
+                      f"at most 2 running, got {peak}): stop admitting when it says no")
 
-    # 5. A pool too small for everyone: make room by preempting, never run out of pages.
-    specs = [(rng.randint(6, 10), rng.randint(10, 16)) for _ in range(5)]
+    # 5. First come, first served: a policy refuses the long prompt at the head of the queue while anyone
+    #    runs; the short requests behind it must wait too.
+    picky = _PickyAdmission(longest=10)
+    specs = [(rng.randint(2, 6), rng.randint(6, 10)), (rng.randint(14, 20), rng.randint(2, 4))]
+    specs += [(rng.randint(2, 6), rng.randint(2, 6)) for _ in range(3)]
     _run_scripted(impl, name, allow_reference,
-                  EngineConfig(page_size=4, num_pages=12, max_num_seqs=4, max_num_batched_tokens=64, admission="none"),
-                  _SpyAdmission(), specs, "a 12-page pool (preemption needed)", ample=False)
+                  EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=256),
+                  picky, specs, "the head of the queue refused by the admission policy", ample=False)
+    expect(picky.refused, f"{name}: the policy was never asked about r1 (a long prompt queued behind a running "
+                          "request): expected can_admit to be asked for the head of the queue, got no call")
 
-    # 6. Real tokens: the float64 model served through the scheduler equals the dense model.
+    # 6. A pool too small for everyone: make room by preempting (never run out of pages), and admit
+    #    nobody in a step that had to preempt.
+    specs = [(8, 14), (8, 14), (rng.randint(6, 9), rng.randint(10, 14)), (2, 3), (2, 3), (2, 3)]
+    _, inspector = _run_scripted(impl, name, allow_reference,
+                                 EngineConfig(page_size=4, num_pages=10, max_num_seqs=4, max_num_batched_tokens=6,
+                                              admission="none"),
+                                 _SpyAdmission(), specs, "a 10-page pool (preemption needed)", ample=False)
+    expect(inspector.preempting_steps > 0,
+           f"{name}: 6 requests needing up to 6 pages each shared a 10-page pool, yet no step preempted: "
+           "expected the youngest running request to give its pages back (self._make_room) when a running "
+           "request cannot grow")
+
+    # 7. Prefix caching on: a waiting request starts from its cached pages (kv.lookup_prefix), those tokens
+    #    are not computed again, and the hit counter is exactly what course_lib's scheduler reaches.
+    specs = _prefix_specs(rng)
+    config = EngineConfig(page_size=4, num_pages=200, max_num_seqs=2, max_num_batched_tokens=64, admission="none",
+                          enable_prefix_caching=True)
+    want_hits = _reference_hits(config, specs)
+    engine, _ = _run_scripted(impl, name, allow_reference, config, _SpyAdmission(), specs,
+                              "prefix caching on, 6 prompts sharing 12 tokens, 2 seats", ample=True)
+    got_hits = engine.prefix_cache.hit_tokens
+    expect(got_hits == want_hits,
+           f"{name} with prefix caching on (6 prompts sharing their first 12 tokens, 2 seats): expected "
+           f"{want_hits} prompt tokens served from the cache, got {got_hits}: look up a waiting request's cached "
+           "pages with self.kv.lookup_prefix(request) and admit it with them (self._admit(request, n, cached))")
+
+    # 8. Real tokens: the float64 model served through the scheduler equals the dense model.
     model = fixtures.random_model(seed)
     prompts = fixtures.random_prompts(rng, 5, model.config.vocab_size, lo=1, hi=14) + [
         fixtures.random_prompts(rng, 1, model.config.vocab_size, lo=17, hi=20)[0]]
@@ -269,6 +391,12 @@ def _occupancy_hint(rows, seats, got) -> str:
     return ""
 
 
+def _occupancy_module():
+    import course_lib.sim.occupancy as occupancy
+
+    return [occupancy]
+
+
 @check("mean_batch_occupancy")
 def check_mean_batch_occupancy(impl, seed, allow_reference):
     rng = random.Random(seed)
@@ -281,7 +409,8 @@ def check_mean_batch_occupancy(impl, seed, allow_reference):
         steps = _stats(rows)
         shown = (f"mean_batch_occupancy(<{len(rows)} steps: num_running {[r for r, _, _ in rows]}, durations "
                  f"{[d for _, _, d in rows]}>, max_num_seqs={max_num_seqs})")
-        got = call(shown, impl, steps, max_num_seqs)
+        with forbid_calls("mean_batch_occupancy", _occupancy_module(), enabled=not allow_reference):
+            got = call(shown, impl, steps, max_num_seqs)
         want = _occupancy(rows, max_num_seqs)
         expect(isinstance(got, (int, float)) and not isinstance(got, bool),
                f"{shown} must return a float, got {type(got).__name__} {got!r}")
@@ -292,3 +421,177 @@ def check_mean_batch_occupancy(impl, seed, allow_reference):
             fail(f"{shown} = {got!r}, expected {want!r}: when no step has a duration, weigh the steps equally")
         expect(same_float(got, want), lambda: f"{shown} = {got!r}, expected {want!r} (time-weighted mean of "
                                               f"num_running / max_num_seqs).{_occupancy_hint(rows, max_num_seqs, got)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# budget_sweep (chunked prefill, measured)
+# ---------------------------------------------------------------------------------------------
+
+_KEYS = ("budget", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+
+
+def _sweep_workload(seed):
+    """Short and long prompts arriving at about 40 per second, some one-token answers, then a
+    silence of 3 s (the engine goes idle: the clock must jump) and two late requests."""
+    from course_lib.sim.workload import RequestSpec
+
+    rng = random.Random(1000 + seed)
+    specs, t = [], 0.0
+    for i in range(14):
+        t += rng.expovariate(40.0)
+        prompt = rng.randint(8, 64) if rng.random() < 0.6 else rng.randint(300, 900)
+        output = 1 if i % 5 == 2 else rng.randint(4, 40)
+        specs.append(RequestSpec(f"r{i}", prompt, output, t, None))
+    t += 3.0
+    specs.append(RequestSpec("r14", rng.randint(400, 800), rng.randint(5, 20), t, None))
+    specs.append(RequestSpec("r15", rng.randint(8, 32), rng.randint(5, 20), t + 0.001, None))
+    return specs
+
+
+def _sweep_engine(budget, seats):
+    """What course_lib.sim.token_budget.make_sweep_engine builds, built here: the student's run may not
+    call into that module (it holds the answer)."""
+    from course_lib.sim.clock import SimulatedClock
+    from course_lib.sim.simulate import make_engine_config, scripted_model_config
+
+    config = make_engine_config(max_num_seqs=seats, max_num_batched_tokens=budget, kv_tokens=65536,
+                                admission="none", max_model_len=2048)
+    return LLMEngine(scripted_model_config(2048), config, clock=SimulatedClock("H100", "llama-3-8b"))
+
+
+class _SweepHarness:
+    """The make_engine / submit callables handed to the student's function: they build the check's
+    engines and watch that every request enters a fresh engine once, and not before it arrives."""
+
+    def __init__(self, seats, specs):
+        self.seats, self.specs = seats, {s.request_id: s for s in specs}
+        self.engines: list = []
+        self.submitted: dict[int, set] = {}
+
+    def make_engine(self, budget):
+        expect(isinstance(budget, numbers.Integral) and budget >= 1,
+               f"make_engine(budget) was called with {budget!r}: expected one of the budgets, an int >= 1")
+        engine = _sweep_engine(int(budget), self.seats)
+        self.engines.append(engine)
+        self.submitted[id(engine)] = set()
+        return engine
+
+    def submit(self, engine, spec):
+        seen = self.submitted.get(id(engine))
+        expect(seen is not None, "submit(engine, spec) was called with an engine that make_engine(budget) did not build")
+        expect(spec.request_id not in seen,
+               f"submit: request {spec.request_id} was submitted twice to the same engine (each request enters once)")
+        now = engine.clock.now()
+        arrival = spec.arrival_time or 0.0
+        expect(now >= arrival - 1e-12,
+               f"submit: request {spec.request_id} arrives at {1e3 * arrival:.1f} ms but entered the engine at "
+               f"{1e3 * now:.1f} ms: expected each request to enter once the clock (engine.clock.now()) has reached "
+               "its arrival time, not before (an idle engine jumps there with engine.clock.wait_until)")
+        seen.add(spec.request_id)
+        engine.add_request([5] * spec.prompt_len, SamplingParams(max_tokens=spec.output_len),
+                           request_id=spec.request_id, arrival_time=arrival, scripted_output_len=spec.output_len)
+
+
+def _alternatives(budget, times):
+    """Values a plausible misreading computes, to name it in the message."""
+    import numpy as np
+
+    ttft = [t[1] - t[0] for t in times.values() if len(t) > 1]
+    gaps = [b - a for t in times.values() for a, b in zip(t[1:], t[2:])]
+    with_first = [b - a for t in times.values() for a, b in zip(t, t[1:])]
+    tpot = [(t[-1] - t[1]) / (len(t) - 2) for t in times.values() if len(t) > 2]
+    nearest = lambda v, q: 1e3 * sorted(v)[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]  # noqa: E731
+    return {
+        "itl_p99_ms": [(1e3 * np.percentile(with_first, 99), "the gap from arrival to the first token counted as an "
+                        "inter-token gap (that is the TTFT; inter-token gaps start at the first token)"),
+                       (1e3 * np.percentile(tpot, 99), "one mean gap per request (TPOT) instead of every gap between "
+                        "consecutive tokens, all requests pooled"),
+                       (nearest(gaps, 99), "a nearest-rank percentile; use np.percentile (linear interpolation)"),
+                       (np.percentile(gaps, 99), "seconds; report milliseconds")],
+        "itl_p50_ms": [(1e3 * np.percentile(with_first, 50), "the gap from arrival to the first token counted as an "
+                        "inter-token gap"),
+                       (1e3 * np.percentile(tpot, 50), "one mean gap per request (TPOT) instead of every gap"),
+                       (np.percentile(gaps, 50), "seconds; report milliseconds")],
+        "ttft_p50_ms": [(np.percentile(ttft, 50), "seconds; report milliseconds"),
+                        (nearest(ttft, 50), "a nearest-rank percentile; use np.percentile (linear interpolation)")],
+        "ttft_p99_ms": [(np.percentile(ttft, 99), "seconds; report milliseconds"),
+                        (nearest(ttft, 99), "a nearest-rank percentile; use np.percentile (linear interpolation)")],
+    }
+
+
+def _rows_of(got, budgets, shown):
+    expect(isinstance(got, (list, tuple)), f"{shown} must return a list of dicts (one per budget), got "
+                                           f"{type(got).__name__}")
+    got = list(got)
+    expect(len(got) == len(budgets), f"{shown} returned {len(got)} rows, expected {len(budgets)} (one per budget)")
+    for i, row in enumerate(got):
+        expect(isinstance(row, dict), f"{shown}: row {i} is a {type(row).__name__}, expected a dict")
+        missing = [k for k in _KEYS if k not in row]
+        expect(not missing, f"{shown}: row {i} lacks the keys {missing} (expected at least {list(_KEYS)})")
+        for k in _KEYS:
+            v = row[k]
+            expect(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)),
+                   f"{shown}: row {i}[{k!r}] = {v!r}, expected a finite number")
+    expect([row["budget"] for row in got] == list(budgets),
+           f"{shown}: the rows' budgets are {[row['budget'] for row in got]}, expected {list(budgets)} (one row per "
+           "budget, in the order given)")
+    return got
+
+
+@check("budget_sweep")
+def check_budget_sweep(impl, seed, allow_reference):
+    import course_lib.sim.token_budget as token_budget
+    from course_lib.sim.token_budget import budget_sweep, make_sweep_engine, submit, token_times
+
+    rng = random.Random(seed)
+    specs = _sweep_workload(seed)
+    seats = rng.choice([3, 4, 6])
+    budgets = [16, 64, 256, 1024]
+    rng.shuffle(budgets)
+    shown = (f"budget_sweep({budgets}, <{len(specs)} requests: prompts of {min(s.prompt_len for s in specs)}.."
+             f"{max(s.prompt_len for s in specs)} tokens, an idle gap of 3 s>, make_engine (seats={seats}), submit)")
+    harness = _SweepHarness(seats, specs)
+    with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
+        got = call(shown, impl, list(budgets), list(specs), harness.make_engine, harness.submit)
+    rows = _rows_of(got, budgets, shown)
+    expect(len(harness.engines) == len(budgets),
+           f"{shown}: make_engine was called {len(harness.engines)} times, expected {len(budgets)}: a fresh engine "
+           "per budget (an engine keeps its clock and its requests)")
+    for engine in harness.engines:
+        missing = sorted(set(harness.specs) - harness.submitted[id(engine)])
+        expect(not missing, f"{shown}: requests {missing[:4]} never entered the engine of budget "
+                            f"{engine.config.max_num_batched_tokens}: expected every request served at every budget")
+
+    want_rows = budget_sweep(budgets, specs, lambda b: make_sweep_engine(b, seats=seats), submit)
+    for row, want in zip(rows, want_rows):
+        for key in _KEYS[1:]:
+            if same_float(row[key], want[key], rel=1e-6):
+                continue
+            times = token_times(make_sweep_engine(want["budget"], seats=seats), specs, submit)
+            hint = ""
+            for value, reason in _alternatives(want["budget"], times).get(key, []):
+                if same_float(row[key], value, rel=1e-6):
+                    hint = f" It looks like {reason}."
+                    break
+            fail(f"{shown}: at budget {want['budget']}, {key} = {float(row[key]):.4f}, expected {want[key]:.4f} "
+                 f"(TTFT: arrival to first token per request; inter-token gaps: between consecutive tokens of one "
+                 f"request, a token timed at the end of the step that produced it; p50 / p99 with np.percentile, in "
+                 f"ms).{hint}")
+
+    by_budget = sorted(rows, key=lambda r: r["budget"])
+    small, big = by_budget[0], by_budget[-1]
+    expect(small["ttft_p50_ms"] > big["ttft_p50_ms"] and small["itl_p99_ms"] < big["itl_p99_ms"],
+           f"{shown}: expected the trade-off (budget {small['budget']}: higher TTFT p50, lower ITL p99 than budget "
+           f"{big['budget']}), got TTFT p50 {small['ttft_p50_ms']:.1f} vs {big['ttft_p50_ms']:.1f} ms and ITL p99 "
+           f"{small['itl_p99_ms']:.2f} vs {big['itl_p99_ms']:.2f} ms")
+
+    harness2 = _SweepHarness(seats, specs)
+    with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
+        again = call(shown, impl, list(budgets), list(specs), harness2.make_engine, harness2.submit)
+    again = _rows_of(again, budgets, shown)
+    for a, b in zip(rows, again):
+        for key in _KEYS:
+            expect(same_float(a[key], b[key], rel=1e-12),
+                   f"{shown} run twice on the same workload gave {key} = {a[key]!r} then {b[key]!r} at budget "
+                   f"{a['budget']}: expected the same numbers (measure with the engine's clock, engine.clock.now(), "
+                   "not the wall clock)")

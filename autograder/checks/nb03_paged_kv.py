@@ -195,13 +195,93 @@ def _random_walk(impl, seed):
         m.free(held.pop(name), f"{name} finishes and frees its pages")
 
 
+def _hooks_walkthrough(impl):
+    """The prefix cache's two hooks switched on: a page whose contents are cached is evicted (on_evict)
+    exactly when allocate hands it out again, and only then."""
+    m = _PoolModel(impl, 6, 4)
+    pool = m.pool
+    cached: set[int] = set()
+    evicted: list[int] = []
+
+    def on_evict(page):
+        expect(page in cached, f"StudentBlockPool: on_evict({page}) was called but is_cached({page}) is False: "
+                               "expected on_evict only for pages whose contents are cached")
+        cached.discard(page)
+        evicted.append(page)
+
+    pool.is_cached = lambda page: page in cached
+    pool.on_evict = on_evict
+    first = m.allocate(6, "request A takes all 6 pages (none cached)")
+    expect(not evicted, f"StudentBlockPool: allocate(6) on a pool with nothing cached called on_evict for {evicted}: "
+                        "expected no call (is_cached was False for every page)")
+    prefix = first[:3]
+    cached.update(prefix)
+    m.free(first, f"request A finishes; its pages {prefix} stay cached")
+    expect(not evicted, f"StudentBlockPool: free({first}) called on_evict for {evicted}: a cached page keeps its "
+                        "contents when its last owner frees it (a later prompt may hit it); expected no eviction "
+                        "until allocate hands the page out again")
+    expect(all(pool.is_free(p) for p in prefix),
+           f"StudentBlockPool: cached pages {prefix} were freed (nobody holds them) but is_free says otherwise: a "
+           "cached page nobody holds is free (it may be reused, or revived by share)")
+    revived = prefix[0]
+    m.share(revived, f"request B's prompt hits the cached page {revived}")
+    expect(not evicted, f"StudentBlockPool: share({revived}) of a cached page called on_evict({evicted[0] if evicted else ''}): "
+                        "reviving a cached page keeps its contents, expected no eviction")
+    taken = m.allocate(5, "request C takes the 5 other pages")
+    want = sorted(p for p in taken if p in prefix)
+    expect(sorted(evicted) == want,
+           f"StudentBlockPool: allocate(5) handed out {taken}, of which the cached pages are {want}, but on_evict was "
+           f"called for {sorted(evicted)}: expected on_evict(page) once for each cached page handed out, before it "
+           "is reused (its old contents are about to be overwritten)")
+    m.free(taken, "request C finishes")
+    m.free([revived], "request B finishes")
+
+
+def _serve_with_prefix_cache(impl, seed, name):
+    """Serve a float64 model with prefix caching on through the student's pool: a pool small enough that
+    cached pages are evicted and reused. Stale cache entries would give some request the wrong K/V."""
+    rng = random.Random(100 + seed)
+    model = fixtures.random_model(seed)
+    vocab = model.config.vocab_size
+    systems = [[rng.randrange(3, vocab) for _ in range(8)] for _ in range(3)]
+    prompts = [systems[i // 4] + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 5))] for i in range(12)]
+    want = fixtures.greedy(model, prompts, 6)
+    pool = impl(12, 4)
+    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=12, max_num_seqs=2, max_num_batched_tokens=32,
+                                           admission="none", enable_prefix_caching=True), block_pool=pool)
+    evictions = []
+    hook = pool.on_evict
+    expect(callable(hook), f"{name}: with prefix caching on, the engine sets pool.on_evict, but it is {hook!r}")
+    pool.on_evict = lambda page: (evictions.append(page), hook(page))
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{i}")
+    drive(engine, f"{name} (prefix caching on, a 12-page pool, 12 prompts sharing 3 system prompts)", max_steps=400)
+    for i, w in enumerate(want):
+        got = engine.requests[f"r{i}"].output_token_ids
+        expect(got == w, f"{name} with prefix caching on: request r{i} (prompt {prompts[i]}) produced {got} instead of "
+                         f"the model's greedy answer {w}: a page reused by allocate still looked cached (call "
+                         "self.on_evict(page) when handing out a page for which self.is_cached(page) is True), or a "
+                         "shared page was handed out while in use")
+    hits = engine.prefix_cache.hit_tokens
+    expect(hits > 0, f"{name} with prefix caching on: expected some prompt tokens served from the cache (12 prompts, "
+                     f"3 system prompts), got {hits}: free pages must keep their contents until they are reused")
+    expect(pool.num_free_pages == 12, f"{name}: after every request finished {12 - pool.num_free_pages} of 12 pages are "
+                                      "still held (cached pages nobody uses count as free)")
+    expect(evictions, f"{name} with prefix caching on: 12 requests went through a 12-page pool, so cached pages had "
+                      "to be reused, yet on_evict was never called: expected self.on_evict(page) whenever allocate "
+                      "hands out a page for which self.is_cached(page) is True")
+    return evictions
+
+
 @check("StudentBlockPool", forbidden=_block_pool_class)
 def check_StudentBlockPool(impl, seed, allow_reference):
     name = "StudentBlockPool"
     expect(isinstance(impl, type), f"{name} must be a class, got {type(impl).__name__}")
     with forbid_calls(name, _block_pool_module(), enabled=not allow_reference):
         _walkthrough(impl)
+        _hooks_walkthrough(impl)
         _random_walk(impl, seed)
+        _serve_with_prefix_cache(impl, seed, name)
         # Serve a float64 model with the student's pool: small enough that requests get preempted.
         rng = random.Random(seed)
         model = fixtures.random_model(seed)
@@ -229,8 +309,9 @@ def check_StudentBlockPool(impl, seed, allow_reference):
 
 def _page_table_module():
     import course_lib.kv.page_table as page_table
+    import course_lib.kv.slots as slots
 
-    return [page_table]
+    return [page_table, slots]
 
 
 def _slots(table, ps, start, count):
@@ -279,13 +360,20 @@ def _waste_cases(rng, hi):
     return cases
 
 
+def _waste_module():
+    import course_lib.kv.waste as waste
+
+    return [waste]
+
+
 @check("paged_waste")
 def check_paged_waste(impl, seed, allow_reference):
     rng = random.Random(seed)
     for tokens in _waste_cases(rng, True):
         for ps in (4, 16, rng.choice([1, 3, 8])):
             shown = f"paged_waste({tokens}, page_size={ps})"
-            got = call(shown, impl, list(tokens), ps)
+            with forbid_calls("paged_waste", _waste_module(), enabled=not allow_reference):
+                got = call(shown, impl, list(tokens), ps)
             want = sum(-(-n // ps) * ps - n for n in tokens)
             expect(isinstance(got, int) and not isinstance(got, bool),
                    f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
@@ -309,7 +397,8 @@ def check_contiguous_waste(impl, seed, allow_reference):
         tokens = [max(1, n) for n in tokens]
         for max_len in (max(tokens), 64, rng.choice([100, 128, 2048])):
             shown = f"contiguous_waste({tokens}, max_len={max_len})"
-            got = call(shown, impl, list(tokens), max_len)
+            with forbid_calls("contiguous_waste", _waste_module(), enabled=not allow_reference):
+                got = call(shown, impl, list(tokens), max_len)
             want = sum(max_len - n for n in tokens)
             expect(isinstance(got, int) and not isinstance(got, bool),
                    f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")

@@ -1,14 +1,28 @@
 """Checks for notebook 04 (paged attention): decode attention through block tables.
 
-Each implementation is compared with a dense oracle (gather the sequence's tokens in order,
-softmax(q k^T * scale) v, query head h reading KV head h // group) on MHA, GQA and MQA shapes
-whose block tables are shuffled and whose unused slots hold large garbage (reading past a
-sequence's length shows). Then it serves the decode rows of a float64 model in the real
-engine (greedy tokens must not change). The vectorised version must not loop over tokens:
-the Python lines it executes may not grow with the context length.
+Each implementation is compared with a dense float64 oracle (gather the sequence's tokens in
+order, softmax(q k^T * scale) v, query head h reading KV head h // group). The inputs reach the
+edges the notebook states as rules:
+
+- every slot a sequence does not own (the rest of its last page, the pages its table is padded
+  with, every other page of the pool) holds NaN, +inf or -inf, in the keys AND the values: a
+  version that masks the scores but multiplies garbage values by a zero weight outputs NaN
+  (0 * nan = nan, 0 * inf = nan);
+- a `scale` other than head_dim ** -0.5 (the argument is the scale; never recompute it);
+- scores so large that exp() overflows without subtracting the maximum first;
+- GQA and MQA (query head h reads KV head h // group), MHA with pages of one token;
+- seq_len 1, sequences that end exactly on a page boundary, and a partial last page.
+
+The loop and vectorised versions then serve the decode rows of a float64 model in the real
+engine (greedy tokens must not change); the vectorised one may not loop over tokens (the Python
+lines it executes may not grow with the context length). The Triton kernel runs in Triton's CPU
+interpreter (or on the GPU when there is one) on small float32 shapes: its scores grow along the
+sequence across several blocks of BLOCK_N tokens, so an online softmax that forgets to rescale
+its running sums when the maximum grows is caught.
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -17,7 +31,10 @@ import torch
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 
 from .. import fixtures
-from .._checking import call, check, count_user_lines, drive, expect, fail, forbid_calls
+from .._checking import (REFERENCE_MESSAGE, call, check, count_user_lines, drive, expect, fail, forbid_calls,
+                         watch_calls)
+
+GARBAGE = (float("nan"), float("inf"), float("-inf"))
 
 
 def _reference_functions():
@@ -37,28 +54,50 @@ def _reference_modules():
     return mods
 
 
-def _case(rng: random.Random, num_heads, num_kv_heads, head_dim, page_size, seq_lens, dtype=torch.float64):
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _case(rng: random.Random, num_heads, num_kv_heads, head_dim, page_size, seq_lens, dtype=torch.float64,
+          scale=None, q_boost=1.0, table_slack=1, growing=False):
     """Random q and caches; each sequence's pages are scattered over the pool, its table padded
-    with other pages, and every slot it does not own filled with large garbage."""
+    (`table_slack` extra columns at least) with pages it does not own, and EVERY slot it does not
+    own holds NaN / +inf / -inf. The last physical page of the pool is never owned (an unmasked
+    read of a few elements past a sequence's last slot stays inside the tensor). `growing`: the
+    keys of each sequence line up more and more with its queries, so the scores grow along the
+    sequence (a later block always raises the running maximum)."""
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     pages_per_seq = [-(-n // page_size) for n in seq_lens]
-    width = max(pages_per_seq) + 1
+    width = max(pages_per_seq) + table_slack
     num_pages = sum(pages_per_seq) + 3
-    order = rng.sample(range(num_pages), num_pages)
-    k_cache = 50 + 50 * torch.rand(num_pages, page_size, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
-    v_cache = 50 + 50 * torch.rand(num_pages, page_size, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
+    owned_order = rng.sample(range(num_pages - 1), num_pages - 1)  # the last page: never owned
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    # Garbage first: a different non-finite value in every neighbouring slot, keys and values offset.
+    pattern = torch.tensor(GARBAGE, dtype=torch.float64)
+    slots = torch.arange(num_pages * page_size * num_kv_heads * head_dim)
+    k_cache = pattern[slots % 3].view(shape).clone()
+    v_cache = pattern[(slots + 1) % 3].view(shape).clone()
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen, dtype=torch.float64) * q_boost
+    group = num_heads // num_kv_heads
     tables, used = [], 0
-    for n, count in zip(seq_lens, pages_per_seq):
-        pages = order[used:used + count]
+    spare = [p for p in range(num_pages) if p not in owned_order[:sum(pages_per_seq)]]
+    for s, (n, count) in enumerate(zip(seq_lens, pages_per_seq)):
+        pages = owned_order[used:used + count]
         used += count
         for t in range(n):
-            k_cache[pages[t // page_size], t % page_size] = torch.randn(num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
-            v_cache[pages[t // page_size], t % page_size] = torch.randn(num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
-        tables.append(pages + [order[-1]] * (width - count))  # padding entries point at a garbage page
-    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen, dtype=torch.float64)
-    scale = head_dim ** -0.5
+            k = torch.randn(num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
+            if growing:  # k_t leans towards the group's mean query, more for later t
+                mean_q = q[s].view(num_kv_heads, group, head_dim).mean(dim=1)
+                k = 0.3 * k + (t + 1) / n * mean_q / mean_q.norm(dim=-1, keepdim=True).clamp(min=1e-9) * 3
+            k_cache[pages[t // page_size], t % page_size] = k
+            v_cache[pages[t // page_size], t % page_size] = torch.randn(num_kv_heads, head_dim, generator=gen,
+                                                                        dtype=torch.float64)
+        tables.append(pages + [rng.choice(spare) for _ in range(width - count)])
+    if scale is None:
+        scale = head_dim ** -0.5
     return (q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), torch.tensor(tables, dtype=torch.int32),
-            torch.tensor(seq_lens, dtype=torch.int32), scale)
+            torch.tensor(seq_lens, dtype=torch.int32), float(scale))
 
 
 def _oracle(q, k_cache, v_cache, block_tables, seq_lens, scale, *, kv_head_of=None, length_offset=0,
@@ -74,78 +113,105 @@ def _oracle(q, k_cache, v_cache, block_tables, seq_lens, scale, *, kv_head_of=No
         if n <= 0:
             continue
         rows = [((t // page_size) if logical_pages else table[t // page_size], t % page_size) for t in range(n)]
-        k = torch.stack([k_cache[p, r] for p, r in rows]).double()  # [n, KVH, D]
-        v = torch.stack([v_cache[p, r] for p, r in rows]).double()
+        k = torch.stack([k_cache[p, r] for p, r in rows]).double().cpu()  # [n, KVH, D]
+        v = torch.stack([v_cache[p, r] for p, r in rows]).double().cpu()
         for h in range(num_heads):
             kh = kv_head_of(h)
-            w = torch.softmax((k[:, kh] @ q[s, h].double()) * scale, dim=0)
+            w = torch.softmax((k[:, kh] @ q[s, h].double().cpu()) * scale, dim=0)
             out[s, h] = w @ v[:, kh]
     return out
 
 
 def _hint(case, got) -> str:
     q, k, v, bt, lens, scale = case
-    num_heads, num_kv_heads = q.shape[1], k.shape[2]
+    got = got.double().cpu()
+    if not torch.isfinite(got).all():
+        bad = sorted({int(s) for s in (~torch.isfinite(got)).nonzero()[:, 0].tolist()})
+        return (f" Your output holds NaN/inf (sequences {bad}): the slots a sequence does not own hold NaN and "
+                "inf here (as on a real cache) and reached the result. Masking the scores is not enough: a zero "
+                "weight times a NaN (or inf) value is NaN, so the values of unowned slots must never be read "
+                "into the sum either (or the exponentials overflowed: subtract the maximum score first).")
+    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[2], q.shape[2]
     alternatives = {
-        "no softmax scale (multiply q.k by scale = 1/sqrt(head_dim) before the softmax)":
-            dict(scale=1.0),
+        f"scale = head_dim ** -0.5 = {head_dim ** -0.5:.4g} instead of the scale argument ({scale:.4g}): use "
+        "the argument you are given": dict(scale=head_dim ** -0.5),
+        "no softmax scale (multiply q.k by the scale argument before the softmax)": dict(scale=1.0),
         "the scale applied twice or squared": dict(scale=scale * scale),
         "the wrong KV head for a query head: with GQA, query head h reads KV head h // (num_heads // num_kv_heads)":
             dict(kv_head_of=lambda h: h % num_kv_heads),
         "one token too few: the query attends to tokens 0 .. seq_lens[s] - 1, its own token included":
             dict(length_offset=-1),
-        "one token too many: positions >= seq_lens[s] hold garbage and must be masked out":
-            dict(length_offset=1),
         "logical page numbers: token t lives in physical page block_tables[s, t // page_size]":
             dict(logical_pages=True),
     }
     for reason, kwargs in alternatives.items():
+        args = dict(scale=scale)
+        args.update(kwargs)
+        scale_ = args.pop("scale")
+        if scale_ == scale and "scale" in kwargs:
+            continue
         try:
-            args = dict(scale=scale)
-            args.update(kwargs)
-            scale_ = args.pop("scale")
             if args.get("logical_pages") and int(bt.max()) >= k.shape[0]:
                 continue
             alt = _oracle(q, k, v, bt, lens, scale_, **args)
         except (IndexError, RuntimeError):
             continue
-        if torch.allclose(got.double(), alt, atol=1e-6, rtol=1e-6) and num_heads >= 1:
+        if torch.isfinite(alt).all() and torch.allclose(got, alt, atol=1e-4, rtol=1e-4):
             return f" It matches attention with {reason}."
     return ""
 
 
 def _cases(seed: int):
+    """(label, case) pairs for the loop and vectorised versions: every edge of the rules."""
     rng = random.Random(seed)
     return [
-        ("GQA (4 query heads, 2 KV heads)", _case(rng, 4, 2, 8, 4, [1, 4, rng.randint(5, 11)])),
-        ("MQA (4 query heads, 1 KV head)", _case(rng, 4, 1, 8, 3, [rng.randint(1, 9) for _ in range(3)])),
-        ("MHA (2 heads), page_size 1", _case(rng, 2, 2, 4, 1, [rng.randint(1, 6), rng.randint(1, 6)])),
-        ("float32 GQA", _case(rng, 6, 2, 16, 4, [rng.randint(2, 12) for _ in range(2)], torch.float32)),
+        ("GQA (4 query heads, 2 KV heads), default scale; seq_len 1, exactly full pages, a partial last page",
+         _case(rng, 4, 2, 8, 4, [1, 4, 8, rng.randint(5, 11)])),
+        ("MQA (4 query heads, 1 KV head), scale 0.37, pages of 3",
+         _case(rng, 4, 1, 8, 3, [rng.randint(1, 9) for _ in range(3)], scale=0.37)),
+        ("MHA (2 heads), page_size 1, scale 1.3", _case(rng, 2, 2, 4, 1, [rng.randint(1, 6), rng.randint(1, 6)],
+                                                        scale=1.3)),
+        ("huge scores (|q.k * scale| in the thousands: exp overflows unless the maximum is subtracted first)",
+         _case(rng, 4, 2, 8, 4, [rng.randint(6, 12), 3], scale=1.0, q_boost=400.0)),
+        ("float32 GQA, scale 0.21", _case(rng, 6, 2, 16, 4, [rng.randint(2, 12) for _ in range(2)], torch.float32,
+                                          scale=0.21)),
     ]
+
+
+def _describe(name, label, case):
+    q, k, v, bt, lens, scale = case
+    return (f"{name} on {label}: q {list(q.shape)} {str(q.dtype).replace('torch.', '')}, page_size {k.shape[1]}, "
+            f"scale {scale:g}, seq_lens {lens.tolist()}, block_tables {bt.tolist()}")
+
+
+def _compare(name, label, impl, case, tol):
+    """Call impl on case, check shape / dtype / inputs left alone / values against the oracle."""
+    q, k, v, bt, lens, scale = case
+    snapshot = [t.clone() for t in (q, k, v, bt, lens)]
+    shown = _describe(name, label, case)
+    got = call(shown, impl, q, k, v, bt, lens, scale)
+    expect(isinstance(got, torch.Tensor), f"{shown}: must return a tensor, got {type(got).__name__}")
+    expect(tuple(got.shape) == tuple(q.shape), f"{shown}: output shape must be {list(q.shape)} "
+                                                f"[num_seqs, num_heads, head_dim], got {list(got.shape)}")
+    expect(got.dtype == q.dtype, f"{shown}: output dtype must be q's ({q.dtype}), got {got.dtype}")
+    for before, after, what in zip(snapshot, (q, k, v, bt, lens), ("q", "k_cache", "v_cache", "block_tables", "seq_lens")):
+        expect(torch.equal(before, after) or (before.is_floating_point() and torch.equal(before.nan_to_num(),
+                                                                                           after.nan_to_num())),
+               f"{shown}: the function modified its input {what}")
+    want = _oracle(q, k, v, bt, lens, scale)
+    diff = (got.double().cpu() - want).abs().nan_to_num(nan=float("inf"))
+    err = diff.max().item()
+    if not err <= tol:
+        s = int(diff.amax(dim=(1, 2)).argmax())
+        fail(f"{shown}: wrong output (max error {err:.3g} > {tol:g}, worst on sequence {s} of length {int(lens[s])}: "
+             f"expected {want[s, 0, :3].tolist()}..., got {got[s, 0, :3].double().tolist()}... for head 0)."
+             f"{_hint(case, got)}")
 
 
 def _check_attention(name, impl, seed, allow_reference, vectorized):
     with forbid_calls(name, _reference_modules(), enabled=not allow_reference):
         for label, case in _cases(seed):
-            q, k, v, bt, lens, scale = case
-            snapshot = [t.clone() for t in (q, k, v, bt, lens)]
-            shown = (f"{name} on {label}: q {list(q.shape)} {str(q.dtype).replace('torch.', '')}, page_size "
-                     f"{k.shape[1]}, seq_lens {lens.tolist()}, block_tables {bt.tolist()}")
-            got = call(shown, impl, q, k, v, bt, lens, scale)
-            expect(isinstance(got, torch.Tensor), f"{shown}: must return a tensor, got {type(got).__name__}")
-            expect(tuple(got.shape) == tuple(q.shape), f"{shown}: output shape must be {list(q.shape)} "
-                                                        f"[num_seqs, num_heads, head_dim], got {list(got.shape)}")
-            expect(got.dtype == q.dtype, f"{shown}: output dtype must be q's ({q.dtype}), got {got.dtype}")
-            for before, after, what in zip(snapshot, (q, k, v, bt, lens), ("q", "k_cache", "v_cache", "block_tables", "seq_lens")):
-                expect(torch.equal(before, after), f"{shown}: the function modified its input {what}")
-            want = _oracle(q, k, v, bt, lens, scale)
-            tol = 1e-9 if q.dtype == torch.float64 else 1e-4
-            err = (got.double() - want).abs().max().item()
-            if not err <= tol:  # also catches NaN
-                bad = (got.double() - want).abs().amax(dim=(1, 2))
-                s = int(bad.argmax())
-                fail(f"{shown}: wrong output (max error {err:.3g} > {tol:g}, worst on sequence {s} of length "
-                     f"{int(lens[s])}).{_hint(case, got)}")
+            _compare(name, label, impl, case, 1e-9 if case[0].dtype == torch.float64 else 1e-4)
         if vectorized:
             _check_no_token_loop(name, impl, seed)
     # Serve the decode rows of a float64 model through the student's function.
@@ -168,14 +234,14 @@ def _check_no_token_loop(name, impl, seed):
     small = _case(rng, 4, 2, 8, 4, [5, 7, 6])
     large = _case(rng, 4, 2, 8, 4, [40, 56, 48])
     with count_user_lines() as lines_small:
-        impl(*small)
+        call(f"{name} (3 sequences of 5-7 tokens)", impl, *small)
     with count_user_lines() as lines_large:
-        impl(*large)
+        call(f"{name} (3 sequences of 40-56 tokens)", impl, *large)
     a, b = lines_small[0], lines_large[0]
     expect(b <= 2 * a + 30,
            f"{name}: with 8x more context tokens your function executed {b} Python lines instead of {a}: it loops "
-           "over tokens (or pages) in Python. Gather every sequence's pages with one indexing operation "
-           "(k_cache[block_tables]), mask positions >= seq_lens, and softmax over the whole row.")
+           "over tokens (or pages) in Python. Gather every sequence's pages with one indexing operation, mask the "
+           "positions a sequence does not own, and softmax over the whole row.")
 
 
 @check("paged_attention_loops", forbidden=_reference_functions)
@@ -186,3 +252,70 @@ def check_paged_attention_loops(impl, seed, allow_reference):
 @check("paged_attention_vectorized", forbidden=_reference_functions)
 def check_paged_attention_vectorized(impl, seed, allow_reference):
     _check_attention("paged_attention_vectorized", impl, seed, allow_reference, vectorized=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Triton kernel
+# ---------------------------------------------------------------------------------------------
+
+
+def triton_device() -> str:
+    """Where Triton kernels run in this process: "cpu" under TRITON_INTERPRET=1, else "cuda"."""
+    interpret = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    return "cpu" if interpret or not torch.cuda.is_available() else "cuda"
+
+
+def _triton_cases(seed: int):
+    """Small float32 shapes (the interpreter runs every operation in Python). BLOCK_N is 16 in the
+    notebook's wrapper under the interpreter: 20-40 tokens span two or three blocks."""
+    rng = random.Random(seed)
+    f32 = torch.float32
+    return [
+        ("GQA (4 query heads, 2 KV heads, head_dim 16), pages of 4; seq_len 1, exactly full pages, a partial "
+         "last page", _case(rng, 4, 2, 16, 4, [1, 8, rng.randint(17, 23)], f32, table_slack=6)),
+        ("MQA (2 query heads, 1 KV head, head_dim 8), pages of 3, scale 0.37",
+         _case(rng, 2, 1, 8, 3, [rng.randint(2, 9), 15], f32, scale=0.37, table_slack=6)),
+        ("scores growing along the sequence into the thousands (the running max rises in every block), scale 25",
+         _case(rng, 2, 2, 16, 8, [rng.randint(33, 40), 16], f32, scale=25.0, table_slack=3, growing=True)),
+    ]
+
+
+TRITON_DECODE_HELPERS = ("interpreting", "num_sms", "_check_triton_mode", "_pow2_at_least")
+
+
+def _triton_forbidden():
+    from course_lib.attention import triton_decode
+
+    return (triton_decode.paged_decode_triton,)
+
+
+@check("paged_attention_triton", forbidden=_triton_forbidden)
+def check_paged_attention_triton(impl, seed, allow_reference):
+    import triton.runtime.jit as triton_jit
+
+    name = "paged_attention_triton"
+    device = triton_device()
+    tol = 1e-4 if device == "cpu" else 2e-3  # the GPU's fp32 dot may use TF32 unless asked for "ieee"
+    import course_lib.attention.triton_decode as triton_decode
+
+    modules = _reference_modules() + [triton_decode]
+    for label, case in _triton_cases(seed):
+        case = tuple(x.to(device) if torch.is_tensor(x) else x for x in case)
+        with watch_calls(modules if not allow_reference else []) as hits:
+            _compare(name, f"{label} [{device}]", impl, case, tol)
+        # The notebook's wrapper may ask triton_decode's small helpers (is this the interpreter?), never
+        # for its attention.
+        called = [(m, f) for m, f in hits if not (m == triton_decode.__name__ and f in TRITON_DECODE_HELPERS)]
+        if called:
+            fail(f"{name} {REFERENCE_MESSAGE} (it calls {called[0][0]}.{called[0][1]})")
+    # A Triton kernel ran: `kernel[grid](...)` goes through triton/runtime/jit.py on the GPU and in
+    # the interpreter alike (KernelInterface.__getitem__ returns a lambda that calls run). Watched in
+    # a run of its own: the interpreter makes hundreds of calls there, which would crowd the
+    # reference's out of one shared list of calls (and two nested profilers hide each other's).
+    label, case = _triton_cases(seed)[0]
+    case = tuple(x.to(device) if torch.is_tensor(x) else x for x in case)
+    with watch_calls([triton_jit]) as hits:
+        call(_describe(name, label, case), impl, *case)
+    expect(any(func in ("run", "<lambda>") for _, func in hits),
+           f"{name} on {label}: no Triton kernel was launched; the wrapper must run your paged_decode_kernel "
+           "(kernel[grid](...)), not compute the attention with torch")

@@ -2,9 +2,15 @@
 
 `latency_summary` is compared with the definitions of course_lib.sim.metrics (completed requests
 only, TPOT over n - 1 gaps, numpy's linear-interpolation percentiles, throughput over the
-makespan) on hand-built RequestOutputs. `run_closed_loop` drives a scripted engine whose clock
+makespan) on hand-built RequestOutputs: failed and aborted requests that finish last, one-token
+answers, an idle gap with nothing in flight (it counts in the makespan), zero-length steps (a
+TTFT of 0 at time 0, several tokens in one instant: a TPOT of 0), a run that takes no time at all
+(throughput 0.0); the counters `completed` and `output_tokens` must be exact. `run_closed_loop` drives a scripted engine whose clock
 advances by one per step, so "the next request is sent the moment the previous one finishes"
-is an exact equation: after every step, sent = min(num_requests, num_users + finished).
+is an exact equation: after every step, sent = min(num_requests, num_users + finished). One case
+serves fewer seats than users (`max_num_seqs < num_users`): requests queue on the server, in the
+order they were sent (first come, first served), and the loop must still send each request the
+moment its user is free, not when the server has room (that would hide the queueing from TTFT).
 """
 from __future__ import annotations
 
@@ -20,15 +26,30 @@ from .._checking import call, check, expect, fail, forbid_calls, same_float
 
 
 def _metrics_module():
+    import course_lib.sim.closed_loop as closed_loop
     import course_lib.sim.metrics as metrics
 
-    return [metrics]
+    return [metrics, closed_loop]
 
 
 def _metrics_functions():
+    import course_lib.sim.closed_loop as closed_loop
     import course_lib.sim.metrics as metrics
 
-    return (metrics.summarize, metrics.percentiles)
+    return (metrics.summarize, metrics.percentiles, closed_loop.latency_summary)
+
+
+def _loop_modules():
+    import course_lib.sim.closed_loop as closed_loop
+    import course_lib.sim.simulate as simulate
+
+    return [closed_loop, simulate]
+
+
+def _loop_functions():
+    import course_lib.sim.closed_loop as closed_loop
+
+    return (closed_loop.run_closed_loop,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,6 +85,21 @@ def _summary_cases(rng: random.Random):
     cases.append([_record(i, rng.uniform(0, 1), rng.uniform(0.1, 1), 1, 0.0) for i in range(3)])
     # 4. A single request.
     cases.append([_record(0, 0.5, 0.25, 6, 0.125)])
+    # 5. An idle gap: a first burst, nothing in flight for a while, a second burst. The makespan (and so
+    #    the throughput) runs from the first arrival to the last finish, idle time included.
+    gap_start = rng.uniform(20.0, 40.0)
+    burst = [_record(i, rng.uniform(0, 1), rng.uniform(0.1, 0.5), rng.randint(2, 8), 0.05) for i in range(3)]
+    burst += [_record(3 + i, gap_start + rng.uniform(0, 1), rng.uniform(0.1, 0.5), rng.randint(2, 8), 0.05)
+              for i in range(3)]
+    rng.shuffle(burst)
+    cases.append(burst)
+    # 6. Zero-length steps: a request arriving at time 0 whose first token is at time 0 (TTFT 0.0, a real
+    #    value, not a missing one), one whose tokens all came in one instant (TPOT 0.0), and a later one.
+    zero = [_record(0, 0.0, 0.0, 1, 0.0, scheduled_delay=0.0), _record(1, 0.0, 0.0, 4, 0.0, scheduled_delay=0.0),
+            _record(2, 0.5, 0.25, 3, 0.5)]
+    cases.append(zero)
+    # 7. A run that took no time at all: every time is 0.0; throughput 0.0, percentiles all 0.0.
+    cases.append([_record(i, 0.0, 0.0, n, 0.0, scheduled_delay=0.0) for i, n in enumerate((1, 2, 3))])
     return cases
 
 
@@ -74,16 +110,42 @@ def _pct(values, method="linear"):
     return {"p50": float(p50), "p99": float(p99)}
 
 
-def _summary(records, *, include_failed=False, tpot_div=lambda n: n - 1, ttft_from="arrival_time", method="linear"):
+def _summary(records, *, include_failed=False, tpot_div=lambda n: n - 1, ttft_from="arrival_time", method="linear",
+             truthy=False, busy_time=False):
     done = [r for r in records if r.finish_time is not None and (include_failed or r.finish_reason not in ("error", "aborted"))]
+    if truthy:  # the mistake: a time of 0.0 read as "missing"
+        done = [r for r in done if r.first_token_time and r.arrival_time]
     ttft = [r.first_token_time - getattr(r, ttft_from) for r in done if r.first_token_time is not None]
     tpot = [(r.finish_time - r.first_token_time) / tpot_div(len(r.token_ids)) for r in done
             if r.first_token_time is not None and len(r.token_ids) >= 2]
     latency = [r.finish_time - r.arrival_time for r in done]
     span = max(r.finish_time for r in records if r.finish_time is not None) - min(r.arrival_time for r in records)
+    if busy_time:  # the mistake: only the time something was in flight
+        span = _busy_time(records)
     tokens = sum(len(r.token_ids) for r in done)
     return {"ttft": _pct(ttft, method), "tpot": _pct(tpot, method), "latency": _pct(latency, method),
-            "throughput_tok_s": tokens / span if span > 0 else 0.0}
+            "throughput_tok_s": tokens / span if span > 0 else 0.0, "completed": len(done), "output_tokens": tokens}
+
+
+def _busy_time(records):
+    spans = sorted((r.arrival_time, r.finish_time) for r in records if r.finish_time is not None)
+    total, end = 0.0, -float("inf")
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def _show_records(records) -> str:
+    """The records as (arrival, first token, finish, output tokens, reason) tuples, for messages."""
+    def t(x):
+        return "None" if x is None else f"{x:.4g}"
+
+    rows = [f"({t(r.arrival_time)}, {t(r.first_token_time)}, {t(r.finish_time)}, {len(r.token_ids)}, {r.finish_reason})"
+            for r in records[:8]]
+    more = f", ... {len(records) - 8} more" if len(records) > 8 else ""
+    return "[" + ", ".join(rows) + more + "] as (arrival, first_token, finish, n_out, reason)"
 
 
 def _mismatch(got, want):
@@ -93,6 +155,9 @@ def _mismatch(got, want):
             g, w = got[key][p], want[key][p]
             if (g is None) != (w is None) or (w is not None and not same_float(g, w)):
                 return f"{key}.{p}", g, w
+    for key in ("completed", "output_tokens"):  # exact counters
+        if not (isinstance(got[key], int) and not isinstance(got[key], bool) and got[key] == want[key]):
+            return key, got[key], want[key]
     if not same_float(got["throughput_tok_s"], want["throughput_tok_s"]):
         return "throughput_tok_s", got["throughput_tok_s"], want["throughput_tok_s"]
     return None
@@ -112,6 +177,10 @@ def _summary_hint(records, got, key) -> str:
             dict(method="lower"),
         "a percentile that rounds up to an order statistic; interpolate linearly (numpy.percentile's default)":
             dict(method="higher"),
+        "a time of 0.0 was taken for a missing one (a truthiness test): a request that arrives or gets its first "
+        "token at time 0 is a real measurement; test `is None`": dict(truthy=True),
+        "the throughput divided by the time something was in flight; it divides by the makespan, first arrival "
+        "to last finish, idle gaps included (the machine was yours all along)": dict(busy_time=True),
     }
     for reason, kwargs in alternatives.items():
         alt = _summary(records, **kwargs)
@@ -132,7 +201,7 @@ def _summary_hint(records, got, key) -> str:
 def check_latency_summary(impl, seed, allow_reference):
     with forbid_calls("latency_summary", _metrics_module(), enabled=not allow_reference):
         for records in _summary_cases(random.Random(seed)):
-            shown = f"latency_summary(<{len(records)} RequestOutputs>)"
+            shown = f"latency_summary({_show_records(records)})"
             got = call(shown, impl, list(records))
             want = _summary(records)
             expect(isinstance(got, dict), f"{shown} must return a dict, got {type(got).__name__}")
@@ -144,7 +213,8 @@ def check_latency_summary(impl, seed, allow_reference):
                     expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
                            f"{shown}: result[{key!r}][{p!r}] must be a float (or None when there are no values), "
                            f"got {type(value).__name__} {value!r}")
-            expect("throughput_tok_s" in got, f"{shown}: the result needs a 'throughput_tok_s' key")
+            for key in ("throughput_tok_s", "completed", "output_tokens"):
+                expect(key in got, f"{shown}: the result needs a {key!r} key, got keys {sorted(got)}")
             diff = _mismatch(got, want)
             if diff:
                 key, g, w = diff
@@ -167,13 +237,13 @@ def _make_prompt(vocab):
     return make_prompt
 
 
-def _closed_loop_case(impl, num_users, num_requests, seed):
+def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_num_seqs=None):
     mc = fixtures.scripted_model_config()
     engines, prompts_made = [], []
     inner = _make_prompt(mc.vocab_size)
 
     def make_engine():
-        engine = LLMEngine(mc, EngineConfig(page_size=4, num_pages=400, max_num_seqs=num_users + 2,
+        engine = LLMEngine(mc, EngineConfig(page_size=4, num_pages=400, max_num_seqs=max_num_seqs or num_users + 2,
                                             max_num_batched_tokens=512, admission="none"), clock=fixtures.StepClock())
         engines.append(engine)
         return engine
@@ -186,7 +256,10 @@ def _closed_loop_case(impl, num_users, num_requests, seed):
         return result
 
     shown = f"run_closed_loop(make_engine, num_users={num_users}, num_requests={num_requests}, make_prompt, seed={seed})"
-    results = call(shown, impl, make_engine, num_users, num_requests, make_prompt, seed)
+    if max_num_seqs:
+        shown += f" on a server with only {max_num_seqs} seats (requests queue there)"
+    with forbid_calls("run_closed_loop", _loop_modules(), enabled=not allow_reference):
+        results = call(shown, impl, make_engine, num_users, num_requests, make_prompt, seed)
     expect(len(engines) == 1, f"{shown} called make_engine() {len(engines)} times: build one engine and serve every "
                               "request on it")
     engine = engines[0]
@@ -208,6 +281,11 @@ def _closed_loop_case(impl, num_users, num_requests, seed):
     unfinished = [r.request_id for r in sent if not r.is_finished]
     expect(not unfinished, f"{shown} returned while requests {unfinished[:5]} were unfinished: run until all "
                            f"{num_requests} are done")
+    # Arrival order: request k is sent no later than request k + 1 (the server serves them in that order).
+    for k in range(len(sent) - 1):
+        expect(sent[k].arrival_time <= sent[k + 1].arrival_time,
+               f"{shown}: request {k} arrived at step {sent[k].arrival_time:g}, after request {k + 1} "
+               f"({sent[k + 1].arrival_time:g}): send the requests in order")
     # The closed loop, as an equation over the step clock.
     arrivals = sorted(r.arrival_time for r in sent)
     finishes = sorted(r.finish_time for r in sent)
@@ -225,7 +303,8 @@ def _closed_loop_case(impl, num_users, num_requests, seed):
                  f"num_users={num_users} were outstanding")
         fail(f"{shown}: after step {t}, {f} requests had finished but only {a} had been sent (expected {want}): "
              "when a request finishes, its user sends the next one right away, before the engine's next step "
-             "(for every request that finished in that step)")
+             "(for every request that finished in that step), whether or not the server has a free seat: "
+             "the server queues it (first come, first served), and that wait is part of its TTFT")
     # The returned outputs.
     expect(isinstance(results, (list, tuple)) and len(results) == num_requests,
            f"{shown} must return a list of {num_requests} RequestOutputs, got {type(results).__name__}"
@@ -241,9 +320,12 @@ def _closed_loop_case(impl, num_users, num_requests, seed):
                f"finished={out.finished} with {len(out.token_ids)} tokens: keep the output from the step where it finished")
 
 
-@check("run_closed_loop")
+@check("run_closed_loop", forbidden=_loop_functions)
 def check_run_closed_loop(impl, seed, allow_reference):
     rng = random.Random(seed)
     num_users = rng.randint(3, 5)
-    _closed_loop_case(impl, num_users, rng.randint(10, 16), seed)
-    _closed_loop_case(impl, 4, 3, seed + 1)  # fewer requests than users
+    _closed_loop_case(impl, num_users, rng.randint(10, 16), seed, allow_reference)
+    _closed_loop_case(impl, 4, 3, seed + 1, allow_reference)  # fewer requests than users
+    _closed_loop_case(impl, 1, rng.randint(3, 5), seed + 3, allow_reference)  # one user: strictly one at a time
+    _closed_loop_case(impl, rng.randint(4, 6), rng.randint(10, 14), seed + 2, allow_reference,
+                      max_num_seqs=2)  # fewer seats than users: a queue on the server

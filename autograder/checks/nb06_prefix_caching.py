@@ -1,10 +1,18 @@
-"""Checks for notebook 06 (prefix caching): chained page keys, and the prefix cache.
+"""Checks for notebook 06 (prefix caching): keys that name whole prefixes, and the prefix cache.
 
-The cache is checked on its own (register a chain, look it up, diverge, evict, count), under
-forced hash collisions (the builtin `hash` is swapped for one that collides while the cache
-runs, so an unconfirmed hit shows up as a wrong page), and inside the real engine: a float64
-model serves prompts that share prefixes from a pool small enough that cached pages get evicted
-and reused; greedy tokens must not change, and the cache must actually hit.
+`page_keys` is held to what a key is *for*, not to one formula: one key per full page (a partly
+filled page gets none), each key a function of the whole prefix up to its page (equal prefixes,
+equal keys; a different token anywhere before or in the page, a different key), checked at every
+position of a chain, with repeated, swapped and equal-sum pages, across every call of the check.
+
+The cache is checked on its own (lookup, the stop at the first miss, max_pages, the partial last
+page, duplicates, eviction through the pool's hooks, re-registering an evicted prefix, exact
+counters), under forced hash collisions at every position of a chain (the builtin `hash` is
+swapped, while the cache runs, for one that makes the probe's page collide with the registered
+one: on its tokens, or on its parent), and inside the real engine: a float64 model serves prompts
+that share prefixes from a pool small enough that cached pages are evicted and registered again;
+greedy tokens must not change, and the counters must equal those of course_lib's cache serving
+the same requests.
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 
 from .. import fixtures
-from .._checking import call, check, drive, expect, fail, forbid_calls
+from .._checking import call, check, drive, expect, fail, forbid_calls, same_float
 
 ROOT = 0
 
@@ -38,52 +46,115 @@ def _prefix_cache_module():
 # ---------------------------------------------------------------------------------------------
 
 
-def _keys(tokens, ps, parent=0):
-    keys = []
-    for i in range(len(tokens) // ps):
-        parent = hash((parent, tuple(tokens[i * ps:(i + 1) * ps])))
-        keys.append(parent)
-    return keys
+class _KeyBook:
+    """Every (page size, prefix) -> key the student's page_keys produced during one check: a key
+    must be a function of its prefix alone, and two different prefixes must never share a key."""
+
+    def __init__(self, impl):
+        self.impl = impl
+        self.by_prefix: dict[tuple, object] = {}
+        self.by_key: dict[tuple, tuple] = {}
+
+    def keys(self, tokens, ps):
+        shown = f"page_keys({_short(tokens)}, page_size={ps})"
+        got = call(shown, self.impl, list(tokens), ps)
+        expect(isinstance(got, (list, tuple)), f"{shown} must return a list of keys, got {type(got).__name__}")
+        got = list(got)
+        full = len(tokens) // ps
+        if len(got) != full:
+            extra = (f" the last {len(tokens) % ps} token(s) do not fill a page, so they get no key (a partly "
+                     "filled page is still growing: its contents will change)" if len(got) == full + 1 and
+                     len(tokens) % ps else "")
+            fail(f"{shown} returned {len(got)} keys, expected one per FULL page: {len(tokens)} // {ps} = {full}.{extra}")
+        for i, key in enumerate(got):
+            try:
+                hash(key)
+            except TypeError:
+                fail(f"{shown}: key {i} is a {type(key).__name__}, which cannot be a dict key (use an int or a tuple)")
+            prefix = tuple(tokens[:(i + 1) * ps])
+            before = self.by_prefix.get((ps, prefix))
+            if before is not None and before != key:
+                fail(f"page_keys is not a function of the prefix: the prefix {_short(prefix)} (page {i}, page_size "
+                     f"{ps}) got key {before!r} in an earlier call and {key!r} now. A key may depend only on the "
+                     "tokens up to and including its page (no randomness, no counter, nothing about later pages)")
+            other = self.by_key.get((ps, key))
+            if other is not None and other != prefix:
+                fail(f"page_keys gave the same key {key!r} to two different prefixes (page_size {ps}):\n"
+                     f"  {_short(other)}\n  {_short(prefix)}\n{_why_same(other, prefix, ps)}")
+            self.by_prefix[(ps, prefix)] = key
+            self.by_key[(ps, key)] = prefix
+        return got
+
+
+def _short(tokens, limit=24):
+    tokens = list(tokens)
+    return str(tokens) if len(tokens) <= limit else f"[{', '.join(map(str, tokens[:limit]))}, ... ({len(tokens)} tokens)]"
+
+
+def _why_same(a, b, ps):
+    """Name the rule two colliding prefixes break."""
+    pages_a = [a[i:i + ps] for i in range(0, len(a), ps)]
+    pages_b = [b[i:i + ps] for i in range(0, len(b), ps)]
+    if len(pages_a) == len(pages_b) and pages_a[-1] == pages_b[-1]:
+        return ("Their last pages are equal but what comes before differs: a page's key must depend on every "
+                "page before it too (the same tokens after a different beginning have different K/V)")
+    if len(pages_a) == len(pages_b) and sorted(pages_a) == sorted(pages_b):
+        return "They hold the same pages in a different order: a key must depend on where each page sits"
+    if len(pages_a) != len(pages_b):
+        return (f"They are {len(pages_a)} and {len(pages_b)} pages long: the key of page i must name the whole "
+                "prefix, so a longer prefix gets a new key")
+    return "They differ in their last page's tokens: every token of the page must change the key"
+
+
+def _random_pages(rng, n, ps):
+    return [rng.randrange(3, 500) for _ in range(n * ps)]
 
 
 @check("page_keys")
 def check_page_keys(impl, seed, allow_reference):
     rng = random.Random(seed)
-    cases = [([5, 6, 7, 8, 9, 10, 11], 2), ([1, 2, 3], 4), ([], 4), ([4, 4, 4, 4], 1)]
-    for _ in range(3):
-        ps = rng.choice([2, 3, 4, 16])
-        cases.append(([rng.randrange(3, 500) for _ in range(rng.randint(ps, 6 * ps))], ps))
+    book = _KeyBook(impl)
     with forbid_calls("page_keys", _prefix_cache_module(), enabled=not allow_reference):
-        for tokens, ps in cases:
-            shown = f"page_keys({tokens}, page_size={ps})"
-            got = call(shown, impl, list(tokens), ps)
-            want = _keys(tokens, ps)
-            expect(isinstance(got, (list, tuple)), f"{shown} must return a list of keys, got {type(got).__name__}")
-            got = list(got)
-            if got == want:
-                continue
-            full = len(tokens) // ps
-            if len(got) == full + 1 and got[:full] == want:
-                fail(f"{shown}: only FULL pages get a key ({full} here); the last {len(tokens) % ps} tokens do not "
-                     "fill a page yet")
-            if len(got) != full:
-                fail(f"{shown} returned {len(got)} keys, expected one per full page: {full}")
-            unchained = [hash(tuple(tokens[i * ps:(i + 1) * ps])) for i in range(full)]
-            if got == unchained:
-                fail(f"{shown}: key of page 1 does not depend on page 0's key: keys must be chained, "
-                     "key_i = hash((key_{i-1}, tuple(page_i))), so equal pages after different prefixes differ")
-            if got == _keys(tokens, ps, parent=None):
-                fail(f"{shown}: the chain must start from key_-1 = 0 (got keys chained from None)")
-            first_wrong = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-            fail(f"{shown}: key {first_wrong} is {got[first_wrong]}, expected {want[first_wrong]} = "
-                 f"hash(({'0' if first_wrong == 0 else f'key_{first_wrong - 1}'}, "
-                 f"{tuple(tokens[first_wrong * ps:(first_wrong + 1) * ps])}))")
-    # Chained: changing page 1 must change every later key, not page 0's.
-    tokens = [rng.randrange(3, 500) for _ in range(12)]
-    a = list(call("page_keys", impl, tokens, 4))
-    b = list(call("page_keys", impl, tokens[:4] + [t + 1 for t in tokens[4:8]] + tokens[8:], 4))
-    expect(a[0] == b[0], "page_keys: changing page 1 changed page 0's key")
-    expect(a[2] != b[2], "page_keys: key of page 2 does not depend on page 1's key: keys must be chained")
+        # Counting: full pages only (the partial last page, a prompt shorter than a page, none at all).
+        for tokens, ps in [([5, 6, 7, 8, 9, 10, 11], 2), ([1, 2, 3], 4), ([], 4), ([4, 4, 4, 4], 1),
+                           (_random_pages(rng, 3, 4) + [7, 7, 7], 4), (_random_pages(rng, 2, 16), 16)]:
+            book.keys(tokens, ps)
+        for ps in (2, 3, 4):
+            # Repeated pages: P, PP, PPP are different prefixes (a key of the page alone collides).
+            page = [rng.randrange(3, 500) for _ in range(ps)]
+            book.keys(page * 4, ps)
+            # Swapped pages, and pages whose tokens are a permutation or have the same sum.
+            p, q = [rng.randrange(3, 500) for _ in range(ps)], [rng.randrange(3, 500) for _ in range(ps)]
+            book.keys(p + q, ps)
+            book.keys(q + p, ps)
+            book.keys(p[::-1] + q, ps)
+            book.keys([p[0] + 1, p[1] - 1] + p[2:] + q, ps)
+            # Every position of a chain: change one token of page j; keys before j stay, keys from j on change.
+            n = 5
+            base = _random_pages(rng, n, ps) + [9] * (ps - 1)
+            keys = book.keys(base, ps)
+            book.keys(base[:2 * ps], ps)  # a prefix of it: the same first keys, whatever follows
+            book.keys(base[:3 * ps] + [1], ps)
+            for j in range(n):
+                changed = list(base)
+                at = j * ps + rng.randrange(ps)
+                changed[at] += 1
+                other = book.keys(changed, ps)
+                for i in range(n):
+                    if i < j and other[i] != keys[i]:
+                        fail(f"page_keys(..., page_size={ps}): changing token {at} (in page {j}) changed the key of "
+                             f"page {i}, which comes before it: {keys[i]!r} -> {other[i]!r}. A page's key may depend "
+                             "only on its own page and the pages before it")
+                    if i >= j and other[i] == keys[i]:
+                        fail(f"page_keys(..., page_size={ps}): changing token {at} (in page {j}) left the key of "
+                             f"page {i} at {keys[i]!r}: "
+                             + ("every token of the page must change its key" if i == j else
+                                f"page {i}'s key must depend on page {j} before it (chain the keys), or two prompts "
+                                "that differ early would share later pages"))
+            # The same later pages after a different first page.
+            tail = _random_pages(rng, 3, ps)
+            book.keys(_random_pages(rng, 1, ps) + tail, ps)
+            book.keys(_random_pages(rng, 1, ps) + tail, ps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,20 +163,28 @@ def check_page_keys(impl, seed, allow_reference):
 
 
 @contextlib.contextmanager
-def _patched_hash(kind: str):
-    """Make collisions happen: 'constant' (every key equal) or 'unchained' (the parent is ignored)."""
+def _colliding_hash(kind: str, target: tuple, victim: tuple = ()):
+    """Swap builtins.hash for one that forces a collision while the cache runs.
+
+    'tokens': a tuple equal to `victim` (the probe's page) hashes like `target` (a registered page),
+    also inside a bigger tuple such as (parent, tokens): the keys collide, the tokens differ.
+    'parent': any tuple holding `target` hashes as if its other items were 0: the page's key ignores
+    its parent, so the same tokens after another prefix collide."""
     real = builtins.hash
 
-    def constant(obj):
-        real(obj)  # still raise TypeError for unhashable things
-        return 7
+    def canon(obj):
+        if isinstance(obj, tuple):
+            if kind == "tokens" and obj == victim:
+                return target
+            if kind == "parent" and target in obj and obj != target:
+                return tuple(x if x == target else 0 for x in obj)
+            return tuple(canon(x) for x in obj)
+        return obj
 
-    def unchained(obj):
-        if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], tuple):
-            return real(obj[1])
-        return real(obj)
+    def colliding(obj):
+        return real(canon(obj))
 
-    builtins.hash = constant if kind == "constant" else unchained
+    builtins.hash = colliding
     try:
         yield
     finally:
@@ -124,146 +203,269 @@ class _Cache:
         self.ps = ps
         self.cache = call(f"StudentPrefixCache(BlockPool({num_pages}, {ps}))", impl, self.pool)
 
-    def register_chain(self, tokens, pages=None):
-        """Register the full pages of `tokens` on fresh pages (as the engine does); returns (pages, serials)."""
-        n = len(tokens) // self.ps
+    def register(self, page, parent, tokens):
+        serial = call(f"register({page}, {parent}, {tuple(tokens)})", self.cache.register, page, parent, tuple(tokens))
+        expect(isinstance(serial, int) and not isinstance(serial, bool) and serial != ROOT,
+               f"StudentPrefixCache.register({page}, {parent}, ...) must return the page's serial (an int, never "
+               f"ROOT = 0, which means 'no parent'), got {serial!r}")
+        return serial
+
+    def register_chain(self, tokens, pages=None, parent=ROOT, first=0):
+        """Register the full pages of `tokens` from page `first` on, on fresh pages (as the engine does)."""
+        n = len(tokens) // self.ps - first
         pages = pages if pages is not None else self.pool.allocate(n)
-        serials, parent = [], ROOT
+        serials = []
         for i, page in enumerate(pages):
-            chunk = tuple(tokens[i * self.ps:(i + 1) * self.ps])
-            parent = call(f"register({page}, {parent}, {chunk})", self.cache.register, page, parent, chunk)
-            expect(isinstance(parent, int) and parent != ROOT,
-                   f"StudentPrefixCache.register must return the page's serial (a new int, never ROOT=0), got {parent!r}")
+            chunk = tokens[(first + i) * self.ps:(first + i + 1) * self.ps]
+            parent = self.register(page, parent, chunk)
             serials.append(parent)
         return list(pages), serials
 
     def lookup(self, tokens, max_pages):
-        result = call(f"lookup(<{len(tokens)} tokens>, max_pages={max_pages})", self.cache.lookup, list(tokens), max_pages)
+        result = call(f"lookup({_short(tokens)}, max_pages={max_pages})", self.cache.lookup, list(tokens), max_pages)
         expect(isinstance(result, tuple) and len(result) == 2,
                f"StudentPrefixCache.lookup must return (pages, serial), got {result!r:.80}")
         return list(result[0]), result[1]
 
+    def is_cached(self, page):
+        return bool(call(f"is_cached({page})", self.cache.is_cached, page))
 
-def _unit(impl, rng):
-    name = "StudentPrefixCache"
+
+NAME = "StudentPrefixCache"
+
+
+def _counters(impl):
     c = _Cache(impl)
-    cache, pool = c.cache, c.pool
-    expect(pool.is_cached == cache.is_cached and pool.on_evict == cache.evict,
-           f"{name}(pool) must install its hooks on the pool: pool.is_cached = self.is_cached and "
-           "pool.on_evict = self.evict (the pool calls evict before it reuses a cached page)")
+    cache = c.cache
     for attr in ("queried_tokens", "hit_tokens"):
-        expect(getattr(cache, attr, None) == 0, f"{name} must start with {attr} = 0 (the engine adds to it)")
-    expect(cache.hit_rate == 0.0, f"{name}.hit_rate must be 0.0 before any query, got {cache.hit_rate!r}")
-    cache.queried_tokens, cache.hit_tokens = 40, 10
-    expect(cache.hit_rate == 0.25, f"{name}.hit_rate must be hit_tokens / queried_tokens (10 / 40 = 0.25), got "
-                                   f"{cache.hit_rate!r}")
+        expect(getattr(cache, attr, None) == 0, f"{NAME} must start with {attr} = 0 (the engine adds to it), got "
+                                                f"{getattr(cache, attr, None)!r}")
+    rate = call("hit_rate", lambda: cache.hit_rate)
+    expect(rate == 0.0, f"{NAME}.hit_rate must be 0.0 before any prompt was queried (queried_tokens = 0), got {rate!r}")
+    for queried, hits in [(40, 10), (3, 1), (7, 7), (5, 0)]:
+        cache.queried_tokens, cache.hit_tokens = queried, hits
+        rate = call("hit_rate", lambda: cache.hit_rate)
+        expect(same_float(rate, hits / queried) and isinstance(rate, float),
+               f"{NAME}.hit_rate with queried_tokens = {queried}, hit_tokens = {hits} must be the fraction of "
+               f"queried prompt tokens that hit, {hits / queried!r}, got {rate!r}")
     cache.queried_tokens = cache.hit_tokens = 0
 
+
+def _lookups(impl, rng):
+    c = _Cache(impl)
     a = _tokens(rng, 14)  # 3 full pages + 2 tokens
     pages, serials = c.register_chain(a)
     for p in pages:
-        expect(cache.is_cached(p), f"{name}.is_cached({p}) must be True after register({p}, ...)")
+        expect(c.is_cached(p), f"{NAME}.is_cached({p}) must be True after register({p}, ...)")
+    expect(len(set(serials)) == 3, f"{NAME}.register must give each registered page a serial of its own, got {serials}")
     got, serial = c.lookup(a, 3)
-    expect(got == pages, f"{name}: after registering prompt A's pages {pages}, lookup(A, max_pages=3) returned {got}")
-    expect(serial == serials[-1], f"{name}.lookup must return the serial of the last page found ({serials[-1]}, what "
+    expect(got == pages, f"{NAME}: after registering prompt A's pages {pages} (a chain from ROOT), lookup(A, "
+                         f"max_pages=3) must return them all, got {got}")
+    expect(serial == serials[-1], f"{NAME}.lookup must return the serial of the last page found ({serials[-1]}, what "
                                   f"register returned for page {pages[-1]}), got {serial!r}: the engine chains the "
-                                  "next pages of the request from it")
-    got, serial = c.lookup(a, 2)
-    expect(got == pages[:2] and serial == serials[1],
-           f"{name}: lookup(A, max_pages=2) must stop after 2 pages: expected ({pages[:2]}, {serials[1]}), got ({got}, {serial})")
+                                  "request's next pages from it")
+    for m in (2, 1, 0):
+        got, serial = c.lookup(a, m)
+        want = (pages[:m], serials[m - 1] if m else ROOT)
+        expect((got, serial) == want, f"{NAME}: lookup(A, max_pages={m}) must stop after {m} page(s): expected "
+                                      f"{want}, got ({got}, {serial})")
+    # The partial last page: A cut in the middle of its third page never matches that page.
+    got, _ = c.lookup(a[:10], 3)
+    expect(got == pages[:2], f"{NAME}: lookup(A[:10], max_pages=3) must return only the 2 pages A[:10] fills "
+                             f"completely, {pages[:2]}; got {got}. The third page holds 2 of its 4 tokens: a page "
+                             "matches only if all its tokens are equal")
     b = a[:4] + _tokens(rng, 4) + a[8:]  # page 1 differs, page 2 is A's page 2 again
     got, serial = c.lookup(b, 3)
     expect(got == pages[:1] and serial == serials[0],
-           f"{name}: a prompt that shares only A's first page must hit exactly {pages[:1]} (serial {serials[0]}); "
+           f"{NAME}: a prompt that shares only A's first page must hit exactly {pages[:1]} (serial {serials[0]}); "
            f"got ({got}, {serial}). A lookup stops at the first miss: a later page with the same tokens belongs "
            "to a different prefix")
-    # A page cached after A's first page, under another second page: reachable only through that page.
+    # A page registered after A's first page under another second page: reachable only through that page.
     other = _tokens(rng, 4)
-    extra, _ = c.register_chain(a[:4] + other)
-    got, serial = c.lookup(a[:4] + _tokens(rng, 4) + other, 3)
-    expect(got == pages[:1], f"{name}: lookup must stop at the first miss, but after missing page 1 it went on and "
+    c.register_chain(a[:4] + other, parent=serials[0], first=1)
+    got, _ = c.lookup(a[:4] + _tokens(rng, 4) + other, 3)
+    expect(got == pages[:1], f"{NAME}: lookup must stop at the first miss, but after missing page 1 it went on and "
                              f"returned {got} (expected {pages[:1]}): a page only counts if every page before it hit")
+    # The same tokens as A's page 1, but registered after ANOTHER first page: not A's prefix.
+    x = _tokens(rng, 4)
+    px, _ = c.register_chain(x + a[4:8])
+    got, _ = c.lookup(x + a[4:12], 3)
+    expect(got == px, f"{NAME}: prompt X + A's pages 1-2: X and A's page 1 were registered as a chain from X, so "
+                      f"lookup must return {px}, got {got} (A's page 2 hangs under A's page 1, not under X's)")
     got, serial = c.lookup(_tokens(rng, 12), 3)
-    expect(got == [] and serial == ROOT, f"{name}: an unseen prompt must miss: expected ([], 0), got ({got}, {serial})")
-    # The same pages computed again by another request: the first copy stays the cached one.
-    dup = pool.allocate(1)[0]
-    again = call("register", cache.register, dup, ROOT, tuple(a[:4]))
-    expect(again == serials[0], f"{name}.register of a page identical to cached page {pages[0]} (same parent, same "
-                                f"tokens) must return that page's serial {serials[0]}, got {again!r}")
-    got, _ = c.lookup(a, 1)
-    expect(got == pages[:1], f"{name}: after registering a duplicate of page {pages[0]}, lookup must still return "
-                             f"{pages[:1]}, got {got}")
-    # Eviction: the pool reuses page 1 of A.
-    call(f"evict({pages[1]})", cache.evict, pages[1])
-    expect(not cache.is_cached(pages[1]), f"{name}.is_cached({pages[1]}) must be False after evict({pages[1]})")
+    expect(got == [] and serial == ROOT, f"{NAME}: an unseen prompt must miss: expected ([], 0), got ({got}, {serial})")
+    # The same page computed again by another request at the same time: the first copy stays the cached one.
+    dup = c.pool.allocate(1)[0]
+    again = c.register(dup, ROOT, a[:4])
+    expect(again == serials[0], f"{NAME}.register of a page identical to cached page {pages[0]} (same parent ROOT, "
+                                f"same tokens) must return that page's serial {serials[0]}, got {again!r}: the "
+                                "request's next pages then chain onto the cached copy")
+    expect(not c.is_cached(dup), f"{NAME}: a duplicate page ({dup}, same prefix as cached page {pages[0]}) must stay "
+                                 f"uncached (is_cached({dup}) must be False): it is freed with its request")
     got, _ = c.lookup(a, 3)
-    expect(got == pages[:1], f"{name}: after evict({pages[1]}), lookup(A) must return only {pages[:1]} (the chain "
+    expect(got == pages, f"{NAME}: after registering a duplicate of page {pages[0]}, lookup(A) must still return "
+                         f"{pages}, got {got}")
+
+
+def _eviction(impl, rng):
+    """Through the pool's hooks: cached pages are freed to the back of the queue, evicted when reused,
+    and an evicted prefix can be registered again (on a new page, or the same physical page)."""
+    c = _Cache(impl, num_pages=8)
+    pool = c.pool
+    a = _tokens(rng, 12)
+    pages, serials = c.register_chain(a)  # pages 0, 1, 2
+    blank = pool.allocate(2)  # pages 3, 4
+    pool.free(pages + blank)
+    reused = pool.allocate(3)[0]
+    expect(reused in blank, f"{NAME}: after freeing the 3 cached pages {pages} and 2 uncached ones {blank}, the pool "
+                            f"reused page {reused} first: the pool asks pool.is_cached(page) to keep cached pages at "
+                            "the back of its free queue. Install your is_cached on the pool in __init__")
+    # 3 blank (and never used) pages are taken first; the next allocation reuses A's pages, tail first.
+    left = pool.allocate(pool.num_free_pages - 3)
+    first_evicted = pool.allocate(1)[0]
+    expect(first_evicted == pages[2], f"{NAME} (internal): expected the pool to reuse page {pages[2]} next, got {first_evicted}")
+    expect(not c.is_cached(pages[2]), f"{NAME}: the pool reused cached page {pages[2]} (it calls pool.on_evict({pages[2]}) "
+                                      f"just before): is_cached({pages[2]}) must now be False. Install your evict as "
+                                      "pool.on_evict in __init__")
+    got, serial = c.lookup(a, 3)
+    expect(got == pages[:2] and serial == serials[1],
+           f"{NAME}: after the pool evicted A's page 2 ({pages[2]}), lookup(A, 3) must return the 2 pages still cached, "
+           f"({pages[:2]}, {serials[1]}); got ({got}, {serial})")
+    # Re-register the evicted page's prefix on the same physical page (the pool handed it to a request
+    # that computed A again): it must be found again.
+    again = c.register(first_evicted, serials[1], a[8:12])
+    got, serial = c.lookup(a, 3)
+    expect(got == pages and serial == again,
+           f"{NAME}: A's page 2 was evicted, then computed again on page {first_evicted} and registered (serial "
+           f"{again}): lookup(A, 3) must find it again, expected ({pages}, {again}), got ({got}, {serial}). Evicting "
+           "must forget the page's key too, or the re-registered prefix looks like a duplicate of a page that is gone")
+    # Evict page 1 directly (as the pool would); re-register its prefix on another page.
+    pool.free(left[:1])
+    call(f"evict({pages[1]})", c.cache.evict, pages[1])
+    expect(not c.is_cached(pages[1]), f"{NAME}.is_cached({pages[1]}) must be False after evict({pages[1]})")
+    got, _ = c.lookup(a, 3)
+    expect(got == pages[:1], f"{NAME}: after evict({pages[1]}), lookup(A, 3) must return only {pages[:1]} (the chain "
                              f"breaks at the evicted page), got {got}")
-    # Through the pool: freeing everything and allocating the whole pool evicts every cached page.
-    pool.free(pages + [dup] + extra)
-    pool.allocate(pool.num_pages)
-    got, _ = c.lookup(a, 3)
-    expect(got == [], f"{name}: after the pool reused every page (calling on_evict for each cached one), lookup(A) "
-                      f"must miss, got {got}")
+    new = pool.allocate(1)[0]
+    s1 = c.register(new, serials[0], a[4:8])
+    expect(c.is_cached(new), f"{NAME}: A's page 1 was evicted, then registered again on page {new}: is_cached({new}) "
+                             "must be True (the key is free again: this is not a duplicate)")
+    got, serial = c.lookup(a, 3)
+    expect(got == [pages[0], new] and serial == s1,
+           f"{NAME}: after re-registering A's page 1 on page {new}, lookup(A, 3) must return ([{pages[0]}, {new}], {s1}) "
+           f"(A's old page 2 hangs under the evicted page's serial, so it is no longer reachable); got ({got}, {serial})")
 
 
 def _collisions(impl, rng):
-    name = "StudentPrefixCache"
-    for kind in ("constant", "unchained"):
+    """Hash collisions at every position of a chain, on the tokens and on the parent."""
+    n = 4
+    for k in range(n):
         c = _Cache(impl)
-        x, y = _tokens(rng, 8), _tokens(rng, 8)
-        with _patched_hash(kind):
+        x, y = _tokens(rng, 4 * n), _tokens(rng, 4 * n)
+        px, _ = c.register_chain(x)
+        py, _ = c.register_chain(y)
+        # Tokens: the probe's page k differs from X's page k, but hashes the same.
+        victim = tuple(_tokens(rng, 4))
+        probe = x[:4 * k] + list(victim) + x[4 * (k + 1):]
+        with _colliding_hash("tokens", tuple(x[4 * k:4 * (k + 1)]), victim):
+            got, _ = c.lookup(probe, n)
+        if got != px[:k]:
+            fail(f"{NAME}: X's pages are {px}. A probe equal to X except in page {k}, whose tokens {victim} differ from "
+                 f"X's page {k} {tuple(x[4 * k:4 * (k + 1)])} but hash the same (forced collision), was looked up: "
+                 f"expected {px[:k]}, got {got}. Every hit must be confirmed against the page's stored tokens: hash "
+                 "collisions happen, and a key match alone is not proof")
+        if k == 0:
+            continue
+        # Parent: Y's first k pages, then X's page k: same tokens as X's page k, but after Y's prefix.
+        probe = y[:4 * k] + x[4 * k:]
+        c = _Cache(impl)  # registered while the parent-blind hash is in force, so that the keys collide
+        with _colliding_hash("parent", tuple(x[4 * k:4 * (k + 1)])):
             px, _ = c.register_chain(x)
             py, _ = c.register_chain(y)
-            probes = [(_tokens(rng, 8), [], "an unseen prompt"), (x[:4] + y[4:], px[:1], "X's first page + Y's second page")]
-            for tokens, want, label in probes:
-                got, _ = c.lookup(tokens, 2)
-                if got != want:
-                    what = "tokens" if kind == "constant" else "parent"
-                    fail(f"{name}: with colliding hashes, lookup of {label} returned pages {got} instead of {want}: "
-                         f"every hit must be confirmed against the page's stored {what} "
-                         + ("(hash collisions happen: a key match alone is not proof)" if what == "tokens" else
-                            "(its parent serial must be the serial of the page before it)"))
+            got, _ = c.lookup(probe, n)
+        if got != py[:k]:
+            fail(f"{NAME}: X's pages are {px}, Y's {py}. The probe Y[:{k} pages] + X[page {k}:] was looked up while the "
+                 f"hash of page {k} ignored its parent (forced collision with X's page {k}): expected Y's {py[:k]}, "
+                 f"got {got}. A hit must also confirm the entry's stored parent serial: X's page {k} hangs under X's "
+                 f"page {k - 1}, not under Y's")
+
+
+def _engine_run(cache_factory, seed, waves):
+    model = fixtures.random_model(seed)
+    pool = BlockPool(16, 4)
+    cache = cache_factory(pool)
+    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=16, max_num_seqs=4, max_num_batched_tokens=32,
+                                           admission="none", enable_prefix_caching=True),
+                       block_pool=pool, prefix_cache=cache)
+    evictions = [0]
+    hook = pool.on_evict
+
+    def counting(page):
+        evictions[0] += 1
+        hook(page)
+
+    if hook is not None:
+        pool.on_evict = counting
+    return model, engine, cache, evictions
 
 
 def _engine(impl, seed, allow):
-    name = "StudentPrefixCache"
+    from course_lib.kv.prefix_cache import PrefixCache
+
     rng = random.Random(seed)
-    model = fixtures.random_model(seed)
-    vocab = model.config.vocab_size
+    vocab = fixtures.SMALL_SHAPE["vocab_size"]
     shared = fixtures.random_prompts(rng, 1, vocab, lo=9, hi=11)[0]
     waves = [[shared + fixtures.random_prompts(rng, 1, vocab, lo=1, hi=6)[0] for _ in range(3)] for _ in range(2)]
     waves.append(fixtures.random_prompts(rng, 2, vocab, lo=10, hi=16))  # unrelated: forces evictions
     waves.append([shared + fixtures.random_prompts(rng, 1, vocab, lo=1, hi=6)[0] for _ in range(2)])
-    pool = BlockPool(16, 4)
-    cache = impl(pool)
-    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=16, max_num_seqs=4, max_num_batched_tokens=32,
-                                           admission="none", enable_prefix_caching=True),
-                       block_pool=pool, prefix_cache=cache)
-    k = 0
-    for wave in waves:
-        want = fixtures.greedy(model, wave, 6)
-        ids = []
-        for p in wave:
-            ids.append(engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{k}"))
-            k += 1
-        with forbid_calls(name, _prefix_cache_module(), enabled=not allow):
-            drive(engine, f"{name} (serving shared prefixes from a 16-page pool)", max_steps=300)
-        for rid, p, w in zip(ids, wave, want):
-            got = engine.requests[rid].output_token_ids
-            expect(got == w, f"{name}: serving a float64 model with prefix caching, request {rid} produced {got} "
-                             f"instead of the model's greedy answer {w}: a lookup returned a page whose contents are "
-                             "not this prompt's (unconfirmed hit, or a stale entry of an evicted page)")
-    expect(cache.hit_tokens > 0, f"{name}: requests sharing a {len(shared)}-token prefix were served but the cache "
+    runs = {}
+    for who, factory in (("yours", lambda pool: call(f"{NAME}(pool)", impl, pool)), ("course_lib", PrefixCache)):
+        model, engine, cache, evictions = _engine_run(factory, seed, waves)
+        k = 0
+        for wave in waves:
+            want = fixtures.greedy(model, wave, 6) if who == "yours" else None
+            ids = []
+            for p in wave:
+                ids.append(engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{k}"))
+                k += 1
+            with forbid_calls(NAME, _prefix_cache_module(), enabled=(who == "yours" and not allow)):
+                drive(engine, f"{NAME} (serving shared prefixes from a 16-page pool)", max_steps=300)
+            for rid, p, w in zip(ids, wave, want or [None] * len(ids)):
+                got = engine.requests[rid].output_token_ids
+                if w is not None and got != w:
+                    fail(f"{NAME}: serving a float64 model with prefix caching, request {rid} (prompt {_short(p)}) "
+                         f"produced {got} instead of the model's greedy answer {w}: a lookup returned a page whose "
+                         "contents are not this prompt's (an unconfirmed hit, or a stale entry of an evicted page)")
+        runs[who] = (engine, cache, evictions[0])
+    (mine, cache, _), (theirs, ref, ref_evictions) = runs["yours"], runs["course_lib"]
+    expect(ref_evictions > 0, f"{NAME} (internal): the engine run evicted no cached page")
+    expect(cache.hit_tokens > 0, f"{NAME}: requests sharing a {len(shared)}-token prefix were served but the cache "
                                  "never hit (hit_tokens == 0): lookup must find the pages registered before")
+    per_request = {rid: r.num_cached_tokens for rid, r in mine.requests.items()}
+    want_per_request = {rid: r.num_cached_tokens for rid, r in theirs.requests.items()}
+    if per_request != want_per_request:
+        diff = {rid: (per_request[rid], w) for rid, w in want_per_request.items() if per_request[rid] != w}
+        fail(f"{NAME}: served through the engine (4 waves of requests sharing a {len(shared)}-token prefix, a 16-page "
+             f"pool of 4-token pages that evicts {ref_evictions} cached pages), some requests found a different number "
+             f"of cached prompt tokens than with a correct cache: request: (yours, expected) {diff}. A correct cache "
+             "finds every registered page of the prompt's prefix that has not been evicted, and no other")
+    for attr in ("queried_tokens", "hit_tokens"):
+        got, want = getattr(cache, attr), getattr(ref, attr)
+        expect(got == want, f"{NAME}: after serving the same requests, {attr} = {got!r}, expected {want!r}: the engine "
+                            f"adds to the counters itself (once per admitted request), so the cache must only start "
+                            "them at 0 and never change them (a lookup is also asked while a request waits)")
+    rate = cache.hit_rate
+    expect(same_float(rate, ref.hit_rate), f"{NAME}: after serving, hit_rate = {rate!r}, expected "
+                                           f"{ref.hit_tokens} / {ref.queried_tokens} = {ref.hit_rate!r}")
 
 
 @check("StudentPrefixCache", forbidden=_prefix_cache_class)
 def check_StudentPrefixCache(impl, seed, allow_reference):
-    name = "StudentPrefixCache"
-    expect(isinstance(impl, type), f"{name} must be a class, got {type(impl).__name__}")
+    expect(isinstance(impl, type), f"{NAME} must be a class, got {type(impl).__name__}")
     rng = random.Random(seed)
-    with forbid_calls(name, _prefix_cache_module(), enabled=not allow_reference):
-        _unit(impl, rng)
+    with forbid_calls(NAME, _prefix_cache_module(), enabled=not allow_reference):
+        _counters(impl)
+        _lookups(impl, rng)
+        _eviction(impl, rng)
         _collisions(impl, rng)
     _engine(impl, seed, allow_reference)

@@ -7,15 +7,16 @@ float64 model served through it must keep its greedy tokens.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 from course_lib.kv.manager import KVCacheManager
-from course_lib.scheduler.request import Request
+from course_lib.scheduler.request import Request, RequestStatus
 
 from .. import fixtures
-from .._checking import call, check, drive, expect, fail, forbid_calls
+from .._checking import REFERENCE_MESSAGE, call, check, drive, expect, fail, forbid_calls
 
 
 def _watermark_class():
@@ -92,7 +93,7 @@ def check_StudentWatermark(impl, seed, allow_reference):
     name = "StudentWatermark"
     rng = random.Random(seed)
     with forbid_calls(name, _admission_module(), enabled=not allow_reference):
-        for bad in (1.0, 1.5, -0.1):
+        for bad in (1.0, 1.5, -0.1, float("nan"), float("inf")):
             try:
                 impl(bad)
             except ValueError:
@@ -150,16 +151,31 @@ def check_StudentWatermark(impl, seed, allow_reference):
 # ---------------------------------------------------------------------------------------------
 
 
-def _served_engine(rng, num_pages, budget, prompt_lens, output_lens):
+def _served_engine(rng, num_pages, budget, prompt_lens, output_lens, max_steps=None, preemption="recompute"):
     engine = LLMEngine(fixtures.scripted_model_config(),
                        EngineConfig(page_size=4, num_pages=num_pages, max_num_seqs=6, max_num_batched_tokens=budget,
-                                    admission="none"))
+                                    admission="none", preemption=preemption))
     for i in range(6):
         out_len = rng.randint(*output_lens)
         engine.add_request([5] * rng.randint(*prompt_lens), SamplingParams(max_tokens=out_len), request_id=f"r{i}",
                            scripted_output_len=out_len)
-    drive(engine, "preemption_report (preparing an engine run)", max_steps=3000)
+    if max_steps is None:
+        drive(engine, "preemption_report (preparing an engine run)", max_steps=3000)
+    else:
+        for _ in range(max_steps):
+            engine.step()
     return engine
+
+
+def _mid_run(seed):
+    """A step count at which the run of `_served_engine(seed*1000+7, ...)` has preempted some request
+    that is still unfinished (so a report that only counts finished requests is wrong)."""
+    for steps in range(5, 400, 5):
+        engine = _served_engine(random.Random(seed * 1000 + 7), 16, 8, (4, 20), (10, 30), max_steps=steps)
+        if any(r.num_preemptions and not r.is_finished for r in engine.requests.values()) and \
+                any(r.num_preemptions and r.is_finished for r in engine.requests.values()):
+            return steps
+    raise RuntimeError("internal: no mid-run state with preempted requests both finished and unfinished")
 
 
 def _thrashing_engine(seed):
@@ -186,6 +202,10 @@ def check_preemption_report(impl, seed, allow_reference):
     rng = random.Random(seed)
     runs = [("6 requests in a 16-page pool", _thrashing_engine(seed)),
             ("6 requests in a roomy pool", _served_engine(rng, 200, 64, (4, 8), (2, 10))),
+            ("6 requests in a 16-page pool, stopped mid-run (some still running or waiting)",
+             _served_engine(random.Random(seed * 1000 + 7), 16, 8, (4, 20), (10, 30), max_steps=_mid_run(seed))),
+            ("6 requests in a 16-page pool with preemption off (each victim failed)",
+             _served_engine(random.Random(seed * 1000 + 9), 16, 8, (4, 20), (10, 30), preemption="fail")),
             ("an engine that served nothing", LLMEngine(fixtures.scripted_model_config(), EngineConfig()))]
     for label, engine in runs:
         want = _report(engine)
@@ -209,3 +229,314 @@ def check_preemption_report(impl, seed, allow_reference):
                 hint = (" Every request has finished by now, so the scheduler's queues are empty: read each "
                         "request's num_preemptions from engine.requests.")
             fail(f"{shown}: {key} = {g}, expected {w} (per-request preemption counts: {per_request or 'none'}).{hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# break_it_config: the student designs the experiment
+# ---------------------------------------------------------------------------------------------
+
+# The experiment's fixed parts (the notebook states them): closed-loop users with the simulator's
+# default chat-like lengths, pages of 16 tokens, the scripted runner on the simulated H100.
+BREAK_IT_REQUESTS = 200
+BREAK_IT_PAGE_SIZE = 16
+BREAK_IT_LIMITS = {"users": (1, 256), "kv_tokens": (16, 131072), "max_tokens": (1, 1024)}
+MID_GENERATION = "mid-generation"  # the engine's error for a request that could not grow
+
+
+def run_break_it(config: dict, admission: str, preemption: str, seed: int):
+    """One run of the experiment (the notebook calls this too): `config` as break_it_config returns it."""
+    from course_lib.sim.simulate import make_engine_config, simulate
+    from course_lib.sim.workload import ClosedLoopUsers
+
+    engine_config = make_engine_config(kv_tokens=config["kv_tokens"], page_size=BREAK_IT_PAGE_SIZE,
+                                       admission=admission, preemption=preemption,
+                                       watermark=config.get("watermark", 0.05))
+    return simulate(engine_config, ClosedLoopUsers(config["users"], BREAK_IT_REQUESTS, seed=seed),
+                    max_tokens=config["max_tokens"], seed=seed, progress=False)
+
+
+def failure_reasons(result) -> dict:
+    """{'mid-generation': n, 'refused: ...': n}: why the failed requests of a run failed."""
+    reasons: dict[str, int] = {}
+    for r in result.requests:
+        if r.finish_reason == "error":
+            error = r.error or ""
+            why = (MID_GENERATION if MID_GENERATION in error else
+                   "refused: larger than the whole pool" if "whole pool" in error else f"other: {error[:60]}")
+            reasons[why] = reasons.get(why, 0) + 1
+    return reasons
+
+
+def _validated_config(got):
+    name = "break_it_config()"
+    expect(isinstance(got, dict), f"{name} must return a dict with keys users, kv_tokens, max_tokens, watermark; "
+                                  f"got {type(got).__name__}")
+    for key in ("users", "kv_tokens", "max_tokens", "watermark"):
+        expect(key in got, f"{name} needs the key {key!r} (got keys {sorted(got)})")
+    for key, (lo, hi) in BREAK_IT_LIMITS.items():
+        value = got[key]
+        expect(isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi,
+               f"{name}[{key!r}] must be an int in [{lo}, {hi}], got {value!r}")
+    expect(got["kv_tokens"] % BREAK_IT_PAGE_SIZE == 0,
+           f"{name}['kv_tokens'] must be whole pages of {BREAK_IT_PAGE_SIZE} tokens, got {got['kv_tokens']}")
+    w = got["watermark"]
+    expect(isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 <= w < 1.0,
+           f"{name}['watermark'] must be a fraction of the pool in [0, 1), got {w!r}")
+    return {k: got[k] for k in ("users", "kv_tokens", "max_tokens", "watermark")}
+
+
+@check("break_it_config")
+def check_break_it_config(impl, seed, allow_reference):
+    got = call("break_it_config()", impl)
+    config = _validated_config(got)
+    shown = (f"users={config['users']}, kv_tokens={config['kv_tokens']}, max_tokens={config['max_tokens']}, "
+             f"watermark={config['watermark']} (workload seed {seed}, {BREAK_IT_REQUESTS} requests)")
+    broken = run_break_it(config, "none", "fail", seed)
+    reasons = failure_reasons(broken)
+    mid = reasons.get(MID_GENERATION, 0)
+    if mid == 0:
+        refused = sum(n for why, n in reasons.items() if why != MID_GENERATION)
+        peak = max((s.kv_allocated_slots for s in broken.steps), default=0)
+        if refused:
+            fail(f"break_it_config: with no admission control and preemption off, {shown}: no request failed "
+                 f"mid-generation; {refused} were refused at the door because one request (a prompt of up to "
+                 f"1,024 tokens + max_tokens) does not fit a pool of {config['kv_tokens']} tokens. That is not the "
+                 "failure the experiment is about: make the pool hold any one request, and the load outgrow it")
+        fail(f"break_it_config: with no admission control and preemption off, {shown}: every request completed "
+             f"(the pool's peak use was {peak} of {config['kv_tokens']} slots). Choose a load and a max_tokens whose "
+             "answers outgrow the pool once everyone is admitted")
+    safe = run_break_it(config, "watermark", "recompute", seed)
+    reasons = failure_reasons(safe)
+    if reasons:
+        fail(f"break_it_config: with watermark {config['watermark']} and preemption by recompute, {shown}: "
+             f"{sum(reasons.values())} request(s) failed ({reasons}); expected none. Recompute cannot save a request "
+             "that does not fit the pool at all: the pool must hold the largest request the workload can send")
+    expect(safe.summary["requests_completed"] == BREAK_IT_REQUESTS,
+           f"break_it_config: with watermark and preemption, {shown}: {safe.summary['requests_completed']} of "
+           f"{BREAK_IT_REQUESTS} requests completed")
+
+
+# ---------------------------------------------------------------------------------------------
+# StudentRecompute: preemption by recompute, written by the student
+# ---------------------------------------------------------------------------------------------
+
+RECOMPUTE = "StudentRecompute"
+
+
+def _scheduler_classes():
+    from course_lib.scheduler.base import SchedulerBase
+    from course_lib.scheduler.continuous import ContinuousScheduler
+
+    return ContinuousScheduler, SchedulerBase
+
+
+@contextlib.contextmanager
+def _reference_hooks_forbidden(enabled: bool):
+    """While the block runs, course_lib's own choose_victim / preempt fail if called (a student's
+    override that just delegates with super() is handing in the reference)."""
+    if not enabled:
+        yield
+        return
+    _, base = _scheduler_classes()
+    saved = {name: base.__dict__[name] for name in ("choose_victim", "preempt")}
+
+    def forbidden(name):
+        def stub(self, *args, **kwargs):
+            fail(f"{RECOMPUTE} {REFERENCE_MESSAGE} (its {name} calls course_lib's SchedulerBase.{name})")
+        return stub
+
+    try:
+        for name in saved:
+            setattr(base, name, forbidden(name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(base, name, fn)
+
+
+def _who(requests):
+    return [f"{r.request_id} (admitted #{r.admit_seq})" for r in requests]
+
+
+def _state(engine):
+    s = engine.scheduler
+    return {"running": [r.request_id for r in s.running], "waiting": [r.request_id for r in s.waiting],
+            "tables": {rid: list(t.pages) for rid, t in engine.kv.tables.items()},
+            "free": engine.pool.num_free_pages, "refs": list(engine.pool.ref_counts)}
+
+
+def _recompute_unit(impl, seed):
+    """choose_victim and preempt called directly on a live engine: a question that changes nothing,
+    and a give-back that leaves every piece of state where the rest of the engine expects it."""
+    rng = random.Random(seed)
+    model = fixtures.scripted_model_config()
+    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=64, max_num_seqs=3, max_num_batched_tokens=64,
+                                           admission="none", enable_prefix_caching=True), scheduler=impl)
+    shared = [5 + rng.randrange(40) for _ in range(8)]
+    engine.add_request(shared + [7, 8, 9], SamplingParams(max_tokens=30), request_id="a", scripted_output_len=30)
+    engine.step()  # a's prompt: its two full pages are registered in the prefix cache
+    for rid in ("b", "c", "d"):  # b and c join a; d waits (3 seats)
+        engine.add_request(shared + [rng.randrange(3, 60) for _ in range(rng.randint(2, 6))],
+                           SamplingParams(max_tokens=30), request_id=rid, scripted_output_len=30)
+    for _ in range(3):
+        engine.step()
+    s = engine.scheduler
+    expect([r.request_id for r in s.running] == ["a", "b", "c"] and [r.request_id for r in s.waiting] == ["d"],
+           f"{RECOMPUTE} (internal): unexpected queues {_state(engine)}")
+    before = _state(engine)
+    victim = call(f"{RECOMPUTE}.choose_victim()", s.choose_victim)
+    expect(_state(engine) == before, f"{RECOMPUTE}.choose_victim() changed the engine's state: it must only answer "
+                                     "(the give-back is preempt's job, and the scheduler may ask without preempting)")
+    youngest = max((r for r in s.running if r.finish_reason is None), key=lambda r: r.admit_seq)
+    expect(victim is youngest, lambda: f"{RECOMPUTE}.choose_victim() with running {_who(s.running)} returned "
+                                       f"{getattr(victim, 'request_id', victim)!r}; expected the most recently "
+                                       f"admitted request still generating, {youngest.request_id!r}: it has done "
+                                       "the least work, and the older ones keep their places (first come, first served)")
+    # The give-back, on b: it shares a's two cached pages and owns the rest of its table.
+    b = engine.requests["b"]
+    pages = list(engine.kv.tables["b"].pages)
+    shared_pages = [p for p in pages if p in engine.kv.tables["a"].pages]
+    expect(len(shared_pages) >= 1, f"{RECOMPUTE} (internal): b shares no page with a: {before}")
+    outputs, preemptions = list(b.output_token_ids), b.num_preemptions
+    refs = list(engine.pool.ref_counts)
+    queues = (s.running, s.waiting)
+    call(f"{RECOMPUTE}.preempt(request 'b')", s.preempt, b)
+    shown = (f"{RECOMPUTE}.preempt(b) (running a, b, c; waiting d; b holds pages {pages}, of which {shared_pages} "
+             "are shared with a through the prefix cache)")
+    expect(s.running is queues[0] and s.waiting is queues[1],
+           f"{shown}: change self.running and self.waiting in place (remove, appendleft, ...), do not assign new "
+           "lists: the scheduler is walking them while it asks you to preempt")
+    expect(b not in s.running and [r.request_id for r in s.running] == ["a", "c"],
+           f"{shown}: b must leave the running list and the others stay in order; running is now "
+           f"{[r.request_id for r in s.running]}")
+    expect(len(s.waiting) == 2 and s.waiting[0] is b and s.waiting[1].request_id == "d",
+           f"{shown}: b must wait at the FRONT of the queue, ahead of d, which came later (first come, first "
+           f"served: it is recomputed as soon as there is room); waiting is now {[r.request_id for r in s.waiting]}")
+    expect("b" not in engine.kv.tables,
+           f"{shown}: b's pages must go back through the KV manager (kv.free(request)), which also forgets its page "
+           "table; the manager still has a table for b")
+    for p in pages:
+        want = refs[p] - 1
+        expect(engine.pool.ref_counts[p] == want,
+               f"{shown}: page {p} had {refs[p]} owner(s) and must have {want} after b gave it back, got "
+               f"{engine.pool.ref_counts[p]}" + (" (a still uses it: a shared page is not freed, one owner leaves)"
+                                                  if p in shared_pages else ""))
+    expect(engine.pool.num_free_pages == before["free"] + len(pages) - len(shared_pages),
+           f"{shown}: {len(pages) - len(shared_pages)} page(s) must be free again: free pages went from "
+           f"{before['free']} to {engine.pool.num_free_pages}")
+    expect(b.num_computed_tokens == 0, f"{shown}: b's progress counter must restart at 0 (its K/V are gone, so all of "
+                                       f"it is recomputed), got num_computed_tokens = {b.num_computed_tokens}")
+    expect(b.output_token_ids == outputs, f"{shown}: b must keep the {len(outputs)} tokens it already produced (they "
+                                          "are recomputed as part of its context, not generated again); got "
+                                          f"{len(b.output_token_ids)} tokens")
+    expect(b.status is RequestStatus.PREEMPTED, f"{shown}: b's status must say it waits to be recomputed "
+                                                f"(RequestStatus.PREEMPTED), got {b.status}")
+    expect(b.num_preemptions == preemptions, f"{shown}: preempt must not count the preemption: the scheduler counts it "
+                                             f"(num_preemptions went from {preemptions} to {b.num_preemptions}, so "
+                                             "every report would count it twice)")
+    expect(engine.requests["a"].num_computed_tokens > 0 and list(engine.kv.tables["a"].pages) == before["tables"]["a"],
+           f"{shown}: a's pages and progress must not change")
+    drive(engine, f"{RECOMPUTE} (after preempting b by hand, the engine finishing the run)", max_steps=400)
+    expect(engine.requests["b"].num_output_tokens == 30, f"{RECOMPUTE}: after being preempted, b must still produce all "
+                                                         f"30 tokens, got {engine.requests['b'].num_output_tokens}")
+
+
+class _StepWatch:
+    """After every engine step: who was preempted and who admitted (from the requests' own counters),
+    checked against the rules: victims are the youngest running, no admission in a step that preempted,
+    and the pool's pages all accounted for."""
+
+    def __init__(self, engine, label):
+        self.engine, self.label = engine, label
+        self.before = self._snapshot()
+        self.events = 0
+
+    def _snapshot(self):
+        return {rid: (r.num_preemptions, r.admit_seq) for rid, r in self.engine.requests.items()}, \
+            [(r.request_id, r.admit_seq) for r in self.engine.scheduler.running if r.finish_reason is None]
+
+    def __call__(self, engine):
+        counts, running = self.before
+        now, _ = after = self._snapshot()
+        step = len(engine.step_stats) - 1
+        preempted = [rid for rid, (n, _) in now.items() if n > counts.get(rid, (0, -1))[0]]
+        admitted = [rid for rid, (_, seq) in now.items() if seq != counts.get(rid, (0, -1))[1]]
+        if preempted:
+            self.events += sum(now[rid][0] - counts.get(rid, (0, -1))[0] for rid in preempted)
+            youngest = [rid for rid, _ in sorted(running, key=lambda x: -x[1])[:len(preempted)]]
+            if sorted(preempted) != sorted(youngest):
+                fail(f"{RECOMPUTE} ({self.label}), step {step}: running (oldest first) "
+                     f"{[rid for rid, _ in sorted(running, key=lambda x: x[1])]}, the pool ran out and "
+                     f"{sorted(preempted)} were preempted; expected the youngest {sorted(youngest)}")
+            if admitted:
+                fail(f"{RECOMPUTE} ({self.label}), step {step}: {sorted(preempted)} were preempted and "
+                     f"{sorted(admitted)} admitted in the same step: a step that had to preempt has a full pool, and "
+                     "admitting then only preempts someone again (the scheduler admits nothing after a preemption; "
+                     "does your preempt put the victim back where the scheduler expects it?)")
+        pool = engine.pool
+        held = sum(1 for rc in pool.ref_counts if rc > 0)
+        if held + pool.num_free_pages != pool.num_pages:
+            fail(f"{RECOMPUTE} ({self.label}), step {step}: {held} pages held + {pool.num_free_pages} free != "
+                 f"{pool.num_pages} in the pool: a page was lost or freed twice")
+        self.before = after
+
+
+def _thrash(sched, seed, prefix_caching, label, allow):
+    model = fixtures.random_model(seed)
+    rng = random.Random(seed * 31 + prefix_caching)
+    vocab = model.config.vocab_size
+    head = fixtures.random_prompts(rng, 1, vocab, lo=8, hi=8)[0] if prefix_caching else []
+    prompts = [head + p for p in fixtures.random_prompts(rng, 6, vocab, lo=3, hi=9)]
+    engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=14, max_num_seqs=6, max_num_batched_tokens=32,
+                                           admission="none", preemption="recompute",
+                                           enable_prefix_caching=prefix_caching), scheduler=sched)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_tokens=12), request_id=f"r{i}")
+    watch = _StepWatch(engine, label)
+    with _reference_hooks_forbidden(sched is not _scheduler_classes()[0] and not allow):
+        drive(engine, f"{RECOMPUTE} ({label})", max_steps=600, on_step=watch)
+    return engine, prompts, watch
+
+
+def _recompute_engine(impl, seed, allow):
+    for prefix_caching in (False, True):
+        label = ("6 requests of 12 tokens in a 14-page pool" +
+                 (", prefix caching on (the prompts share 8 tokens)" if prefix_caching else ""))
+        mine, prompts, watch = _thrash(impl, seed, prefix_caching, label, allow)
+        theirs, _, _ = _thrash(_scheduler_classes()[0], seed, prefix_caching, label, True)
+        want = fixtures.greedy(mine.model, prompts, 12)
+        for i, w in enumerate(want):
+            got = mine.requests[f"r{i}"].output_token_ids
+            expect(got == w, f"{RECOMPUTE} ({label}): request r{i} (preempted {mine.requests[f'r{i}'].num_preemptions} "
+                             f"time(s)) produced {got} instead of the model's greedy answer {w}: a recomputed request "
+                             "must restart from position 0 with its prompt and every token it had produced")
+        counts = {rid: r.num_preemptions for rid, r in mine.requests.items()}
+        expected = {rid: r.num_preemptions for rid, r in theirs.requests.items()}
+        expect(sum(expected.values()) > 0, f"{RECOMPUTE} (internal): the run preempted nothing")
+        expect(counts == expected, f"{RECOMPUTE} ({label}): preemptions per request {counts}, expected {expected} "
+                                   "(course_lib's scheduler on the same requests): the same victims must be chosen, "
+                                   "in the same steps")
+        expect(len(mine.step_stats) == len(theirs.step_stats),
+               f"{RECOMPUTE} ({label}): the run took {len(mine.step_stats)} steps, expected {len(theirs.step_stats)}: "
+               "a victim must recompute exactly what it lost (its prompt and its own tokens) and wait at the front")
+        expect(watch.events == mine.scheduler.num_preemptions == sum(counts.values()),
+               f"{RECOMPUTE} ({label}): {watch.events} preemptions seen, scheduler counted "
+               f"{mine.scheduler.num_preemptions}, requests {sum(counts.values())}: each must be counted once")
+        expect(mine.pool.num_free_pages == mine.pool.num_pages,
+               f"{RECOMPUTE} ({label}): after every request finished, {mine.pool.num_pages - mine.pool.num_free_pages} "
+               "pages are still held: a victim's pages leaked")
+
+
+@check(RECOMPUTE, allowed_bases=_scheduler_classes)
+def check_StudentRecompute(impl, seed, allow_reference):
+    continuous, _ = _scheduler_classes()
+    expect(isinstance(impl, type) and issubclass(impl, continuous),
+           f"{RECOMPUTE} must be a class built on ContinuousScheduler (class {RECOMPUTE}(ContinuousScheduler)), got "
+           f"{impl!r}")
+    for name in ("choose_victim", "preempt"):
+        owner = next((k for k in impl.__mro__ if name in vars(k)), None)
+        expect(owner not in (None, *_scheduler_classes()),
+               f"{RECOMPUTE} must define its own {name} (it still inherits course_lib's)")
+    with _reference_hooks_forbidden(not allow_reference):
+        _recompute_unit(impl, seed)
+    _recompute_engine(impl, seed, allow_reference)

@@ -27,6 +27,11 @@ def kv_returns_float(config, bytes_per_elem):
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem / 1
 
 
+def kv_head_dim_from_hidden(config, bytes_per_elem):
+    """Derives head_dim as hidden_size // num_heads (not true of every model) instead of reading it."""
+    return 2 * config.num_layers * config.num_kv_heads * (config.hidden_size // config.num_heads) * bytes_per_elem
+
+
 def answer_without_prompt_format(model, tokenizer, prompt, max_tokens=64):
     """Encodes the bare text: no <bos>, no separator."""
     (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode(prompt)], SamplingParams(max_tokens=max_tokens))
@@ -58,9 +63,27 @@ def answer_returns_ids(model, tokenizer, prompt, max_tokens=64):
     return out.token_ids
 
 
+_FIRST_ENGINE = {}
+
+
+def answer_reuses_first_engine(model, tokenizer, prompt, max_tokens=64):
+    """Builds the engine once and keeps it: later calls with another model are served by the first."""
+    if "engine" not in _FIRST_ENGINE:
+        _FIRST_ENGINE["engine"] = LLMEngine(model, EngineConfig())
+    (out,) = _FIRST_ENGINE["engine"].generate([tokenizer.encode_prompt(prompt)], SamplingParams(max_tokens=max_tokens))
+    return tokenizer.decode(out.token_ids)
+
+
+def answer_keeps_special_tokens(model, tokenizer, prompt, max_tokens=64):
+    """Decodes with the special tokens: the answer ends in '<eos>' when the model stopped by itself."""
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(prompt)],
+                                                        SamplingParams(max_tokens=max_tokens))
+    return tokenizer.decode(out.token_ids, skip_special=False)
+
+
 MUTANTS = {
     "kv_bytes_per_token": [kv_uses_num_heads, kv_forgets_values, kv_forgets_layers, kv_uses_hidden_size,
-                           kv_returns_float],
+                           kv_returns_float, kv_head_dim_from_hidden],
     "answer": [answer_without_prompt_format, answer_echoes_prompt, answer_ignores_max_tokens, answer_skips_engine,
-               answer_returns_ids],
+               answer_returns_ids, answer_reuses_first_engine, answer_keeps_special_tokens],
 }

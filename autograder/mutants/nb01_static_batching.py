@@ -2,6 +2,8 @@
 import torch
 import torch.nn.functional as F
 
+from course_lib.model.contiguous_cache import ContiguousKVCache
+
 
 def _pad(prompts, pad_id, left=True):
     longest = max(len(p) for p in prompts)
@@ -37,6 +39,19 @@ def pad_batch_ignores_pad_id(prompts, pad_id):
     return _pad(prompts, 0)
 
 
+def pad_batch_mask_from_ids(prompts, pad_id):
+    """Marks as padding every position whose id equals pad_id (a real token may equal it)."""
+    ids, _ = _pad(prompts, pad_id)
+    return ids, ids != pad_id
+
+
+def pad_batch_accepts_empty(prompts, pad_id):
+    """No check for bad input: an empty prompt becomes a row of padding, no prompts a [0, 0] batch."""
+    if not prompts:
+        return torch.zeros((0, 0), dtype=torch.long), torch.zeros((0, 0), dtype=torch.bool)
+    return _pad(prompts, pad_id)
+
+
 def padding_waste_decodes_max_steps(prompt_lens, output_lens):
     """Counts max(output_lens) decode steps (the prefill already samples the first token)."""
     b = len(prompt_lens)
@@ -59,6 +74,23 @@ def padding_waste_over_useful(prompt_lens, output_lens):
     return (total - useful) / useful
 
 
+def padding_waste_useful_fraction(prompt_lens, output_lens):
+    """Returns the useful fraction instead of the padding fraction."""
+    b = len(prompt_lens)
+    total = b * max(prompt_lens) + b * (max(output_lens) - 1)
+    return (sum(prompt_lens) + sum(n - 1 for n in output_lens)) / total
+
+
+def padding_waste_no_validation(prompt_lens, output_lens):
+    """Right formula, but pairs the lists with zip: mismatched lengths are silently truncated."""
+    pairs = list(zip(prompt_lens, output_lens))
+    if not pairs:
+        return 0.0
+    b = len(pairs)
+    total = b * max(p for p, _ in pairs) + b * (max(o for _, o in pairs) - 1)
+    return (total - sum(p + o - 1 for p, o in pairs)) / total
+
+
 class _PaddedCausal:
     def __init__(self, mask, use_mask=True):
         self.mask, self.use_mask = mask, use_mask
@@ -78,11 +110,25 @@ class _PaddedCausal:
 
 @torch.inference_mode()
 def _static(model, prompts, max_tokens, eos_id, left=True, use_mask=True, cut_after_eos=True,
-            keep_eos=True, stop_on_first=False, stop_when_done=True):
+            keep_eos=True, stop_on_first=False, stop_when_done=True, drop_finished=False):
     seqs = [list(p) for p in prompts]
     outs = [[] for _ in prompts]
     done = [False] * len(prompts)
     for _ in range(max_tokens):
+        if drop_finished:  # serve only the rows still running (right tokens, wrong batch shape)
+            live = [i for i in range(len(seqs)) if not done[i]]
+            ids, mask = _pad([seqs[i] for i in live], 0, left=left)
+            n = ids.shape[1]
+            positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+            last = torch.arange(len(live)) * n + n - 1
+            logits = model(ids.flatten(), positions.flatten(), _PaddedCausal(mask), logits_indices=last)
+            for i, token in zip(live, logits.argmax(-1).tolist()):
+                outs[i].append(token)
+                seqs[i].append(token)
+                done[i] = token == eos_id
+            if all(done):
+                break
+            continue
         ids, mask = _pad(seqs, 0, left=left)
         n = ids.shape[1]
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -143,10 +189,120 @@ def static_generate_one_at_a_time(model, prompts, max_tokens, eos_id):
     return [model.generate(list(p), max_tokens, stop_token_ids=[eos_id]) for p in prompts]
 
 
+def static_generate_drops_finished_rows(model, prompts, max_tokens, eos_id):
+    """Takes finished rows out of the batch: right tokens, but not a static batch any more."""
+    return _static(model, prompts, max_tokens, eos_id, drop_finished=True)
+
+
+def static_generate_uses_a_cache(model, prompts, max_tokens, eos_id):
+    """Decodes over a KV cache (the next exercise), so it is no no-cache baseline to time against."""
+    return _cached(model, prompts, max_tokens, eos_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# static_generate_cached
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def _cached(model, prompts, max_tokens, eos_id, decode_positions_from_columns=False, decode_position_shift=0,
+            mask_prompt_pads=True, stop_when_done=True, extra_step=False, prefill_by_columns=False,
+            keep_eos=True, feed_last_prompt_token=False):
+    ids, mask = _pad(prompts, 0)
+    B, L = ids.shape
+    cache = ContiguousKVCache(model, B, L + max_tokens + 1)
+    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+    prefill_mask = mask if mask_prompt_pads else torch.ones_like(mask)
+    if prefill_by_columns:
+        for col in range(L):
+            logits = cache.forward(model, ids[:, col:col + 1], prefill_mask[:, col:col + 1], positions[:, col:col + 1])
+    else:
+        logits = cache.forward(model, ids, prefill_mask, positions)
+    next_pos = mask.sum(1)
+    outs = [[] for _ in prompts]
+    done = [False] * B
+    last_prompt = ids[:, -1:].clone()
+    for step in range(max_tokens + (1 if extra_step else 0)):
+        tokens = logits[:, -1].argmax(-1).tolist()
+        live = [not d for d in done]
+        for row, token in enumerate(tokens):
+            if not live[row]:
+                continue
+            if token == eos_id and not keep_eos:
+                done[row] = True
+                continue
+            outs[row].append(token)
+            done[row] = token == eos_id
+        if stop_when_done and all(done):
+            break
+        if step == max_tokens - 1 + (1 if extra_step else 0):
+            break
+        column = last_prompt if feed_last_prompt_token else torch.tensor([[t] for t in tokens])
+        new_mask = torch.tensor(live)[:, None]
+        position = torch.full((B,), cache.length) if decode_positions_from_columns else next_pos + decode_position_shift
+        logits = cache.forward(model, column, new_mask, position[:, None])
+        next_pos = next_pos + new_mask[:, 0].long()
+    return outs
+
+
+def cached_recomputes_everything(model, prompts, max_tokens, eos_id):
+    """No cache at all: the whole padded rectangle again every step (right tokens, B x width per pass)."""
+    return _static(model, prompts, max_tokens, eos_id)
+
+
+def cached_decode_positions_are_columns(model, prompts, max_tokens, eos_id):
+    """Prefill positions skip padding, but each decode token gets its column index (the cache's
+    length): a padded row's new token jumps ahead of its prompt by the padding's width. (Column
+    positions for the prefill TOO would be harmless: rotary attention only sees position differences.)"""
+    return _cached(model, prompts, max_tokens, eos_id, decode_positions_from_columns=True)
+
+
+def cached_decode_position_off_by_one(model, prompts, max_tokens, eos_id):
+    """The decode token gets the position of the token before it (length - 1, not length)."""
+    return _cached(model, prompts, max_tokens, eos_id, decode_position_shift=-1)
+
+
+def cached_attends_to_prompt_padding(model, prompts, max_tokens, eos_id):
+    """Prefills with an all-True mask: the padding columns' keys are cached as real tokens."""
+    return _cached(model, prompts, max_tokens, eos_id, mask_prompt_pads=False)
+
+
+def cached_runs_max_tokens(model, prompts, max_tokens, eos_id):
+    """Never stops early: decodes max_tokens steps even when every row has finished."""
+    return _cached(model, prompts, max_tokens, eos_id, stop_when_done=False)
+
+
+def cached_one_token_too_many(model, prompts, max_tokens, eos_id):
+    """The prefill's token plus max_tokens decode steps: rows without EOS get max_tokens + 1 tokens."""
+    return _cached(model, prompts, max_tokens, eos_id, extra_step=True)
+
+
+def cached_prefills_column_by_column(model, prompts, max_tokens, eos_id):
+    """Feeds the prompt through the cache one column per pass (right tokens, L passes for one prefill)."""
+    return _cached(model, prompts, max_tokens, eos_id, prefill_by_columns=True)
+
+
+def cached_drops_eos(model, prompts, max_tokens, eos_id):
+    """Stops a row at its EOS but leaves the EOS out of its list."""
+    return _cached(model, prompts, max_tokens, eos_id, keep_eos=False)
+
+
+def cached_feeds_stale_token(model, prompts, max_tokens, eos_id):
+    """Every decode step feeds the prompt's last token again instead of the token just generated."""
+    return _cached(model, prompts, max_tokens, eos_id, feed_last_prompt_token=True)
+
+
 MUTANTS = {
-    "pad_batch": [pad_batch_right, pad_batch_inverted_mask, pad_batch_int_mask, pad_batch_ignores_pad_id],
-    "padding_waste": [padding_waste_decodes_max_steps, padding_waste_prefill_only, padding_waste_over_useful],
+    "pad_batch": [pad_batch_right, pad_batch_inverted_mask, pad_batch_int_mask, pad_batch_ignores_pad_id,
+                  pad_batch_mask_from_ids, pad_batch_accepts_empty],
+    "padding_waste": [padding_waste_decodes_max_steps, padding_waste_prefill_only, padding_waste_over_useful,
+                      padding_waste_useful_fraction, padding_waste_no_validation],
     "static_generate": [static_generate_right_padding, static_generate_attends_to_padding, static_generate_no_eos_cut,
                         static_generate_drops_eos, static_generate_stops_at_first_eos, static_generate_runs_max_tokens,
-                        static_generate_one_at_a_time],
+                        static_generate_one_at_a_time, static_generate_drops_finished_rows,
+                        static_generate_uses_a_cache],
+    "static_generate_cached": [cached_recomputes_everything, cached_decode_positions_are_columns,
+                               cached_decode_position_off_by_one, cached_attends_to_prompt_padding,
+                               cached_runs_max_tokens, cached_one_token_too_many, cached_prefills_column_by_column,
+                               cached_drops_eos, cached_feeds_stale_token],
 }

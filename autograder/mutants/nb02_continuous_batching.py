@@ -150,6 +150,96 @@ class AlwaysChunks(_Scheduler):
         return min(pending, budget)
 
 
+class AdmitsAfterPreempting(_Scheduler):
+    """Keeps admitting from the queue in a step that had to preempt (the pool is full: thrashing)."""
+
+    def _may_admit(self, out, budget):
+        return self.waiting and len(self.running) < self.max_num_seqs and budget > 0
+
+
+class SkipsRefusedHead(_Scheduler):
+    """When the head of the queue cannot start, looks further down the queue (overtaking it)."""
+
+    def _admit_waiting(self, out, budget):
+        for request in list(self.waiting):
+            if out.preempted or len(self.running) >= self.max_num_seqs or budget <= 0:
+                break
+            cached = self.kv.lookup_prefix(request)
+            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
+            if n == 0 or not self.kv.can_allocate(request, n, cached) or not self._policy_allows(request, n, cached):
+                continue
+            self.waiting.remove(request)
+            self._admit(request, n, cached)
+            out.scheduled.append(self._entry(request, n))
+            budget = max(0, budget - n)
+        return budget
+
+
+class IgnoresPrefixCache(_Scheduler):
+    """Never looks up cached pages: every prompt is computed from scratch."""
+
+    def _admit_waiting(self, out, budget):
+        lookup = self.kv.lookup_prefix
+        self.kv.lookup_prefix = lambda request: []
+        try:
+            return super()._admit_waiting(out, budget)
+        finally:
+            self.kv.lookup_prefix = lookup
+
+
+class PendingCountsCachedTokens(_Scheduler):
+    """Uses the cached pages but still schedules the whole prompt, cached tokens included."""
+
+    def _admit_waiting(self, out, budget):
+        while self._may_admit(out, budget):
+            request = self.waiting[0]
+            cached = self.kv.lookup_prefix(request)
+            n = self._chunk(request.num_tokens, budget)
+            if n == 0 or not self.kv.can_allocate(request, n, cached) or not self._policy_allows(request, n, cached):
+                break
+            self.waiting.popleft()
+            self._admit(request, n, cached)
+            out.scheduled.append(self._entry(request, n))
+            budget = max(0, budget - n)
+        return budget
+
+
+class EntryBeforeAdmitting(_Scheduler):
+    """Builds the SchedulerOutput entry before admitting: a prefix hit's start is then wrong."""
+
+    def _admit_waiting(self, out, budget):
+        while self._may_admit(out, budget):
+            request = self.waiting[0]
+            cached = self.kv.lookup_prefix(request)
+            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
+            if n == 0 or not self.kv.can_allocate(request, n, cached) or not self._policy_allows(request, n, cached):
+                break
+            entry = self._entry(request, n)
+            self.waiting.popleft()
+            self._admit(request, n, cached)
+            out.scheduled.append(entry)
+            budget = max(0, budget - n)
+        return budget
+
+
+class BigPromptWaitsForever(_Scheduler):
+    """With chunking off, a prompt larger than the whole budget never gets a step of its own."""
+
+    def _chunk(self, pending, budget):
+        if self.enable_chunked_prefill:
+            return min(pending, budget)
+        return pending if pending <= budget else 0
+
+
+class ChunksBelowTheBudget(_Scheduler):
+    """Cuts prompts into chunks of at most half the budget, leaving the rest of the step unused."""
+
+    def _chunk(self, pending, budget):
+        if self.enable_chunked_prefill:
+            return min(pending, budget, max(1, self.max_num_batched_tokens // 2))
+        return super()._chunk(pending, budget)
+
+
 def occupancy_unweighted(step_stats, max_num_seqs):
     """Averages over steps without weighting by their durations."""
     if not step_stats:
@@ -195,7 +285,96 @@ def occupancy_empty_crashes(step_stats, max_num_seqs):
 
 MUTANTS = {
     "StudentScheduler": [NeverRetires, LeaksPages, WaitsForEmptyBatch, OneAdmissionPerStep, IgnoresTokenBudget,
-                         NoPreemption, AdmitsBeforeRunning, IgnoresAdmissionPolicy, AlwaysChunks],
+                         NoPreemption, AdmitsBeforeRunning, IgnoresAdmissionPolicy, AlwaysChunks,
+                         AdmitsAfterPreempting, SkipsRefusedHead, IgnoresPrefixCache, PendingCountsCachedTokens,
+                         EntryBeforeAdmitting, BigPromptWaitsForever, ChunksBelowTheBudget],
     "mean_batch_occupancy": [occupancy_unweighted, occupancy_not_a_fraction, occupancy_counts_waiting,
                              occupancy_no_fallback, occupancy_empty_crashes],
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# budget_sweep: each mutant is the correct measurement with one mistake
+# ---------------------------------------------------------------------------------------------
+
+
+def _serve(engine, specs, submit, all_at_once=False, stamp_at_start=False):
+    """{request id: [arrival, token times...]} (correct unless told otherwise)."""
+    clock = engine.clock
+    queue = sorted(specs, key=lambda s: s.arrival_time)
+    times = {}
+    if all_at_once:
+        for spec in queue:
+            submit(engine, spec)
+            times[spec.request_id] = [spec.arrival_time]
+        queue = []
+    i = 0
+    while i < len(queue) or engine.has_unfinished_requests:
+        while i < len(queue) and queue[i].arrival_time <= clock.now():
+            submit(engine, queue[i])
+            times[queue[i].request_id] = [queue[i].arrival_time]
+            i += 1
+        if not engine.has_unfinished_requests:
+            clock.wait_until(queue[i].arrival_time)
+            continue
+        before = clock.now()
+        for out in engine.step():
+            stamp = before if stamp_at_start else clock.now()
+            times[out.request_id] += [stamp] * len(out.new_token_ids)
+    return times
+
+
+def _row(budget, times, gaps_from_arrival=False, per_request_mean=False, seconds=False):
+    import numpy as np
+
+    scale = 1.0 if seconds else 1e3
+    ttft = [t[1] - t[0] for t in times.values()]
+    if per_request_mean:
+        gaps = [(t[-1] - t[1]) / (len(t) - 2) for t in times.values() if len(t) > 2]
+    else:
+        first = 0 if gaps_from_arrival else 1
+        gaps = [b - a for t in times.values() for a, b in zip(t[first:], t[first + 1:])]
+    return {"budget": budget,
+            "ttft_p50_ms": scale * float(np.percentile(ttft, 50)), "ttft_p99_ms": scale * float(np.percentile(ttft, 99)),
+            "itl_p50_ms": scale * float(np.percentile(gaps, 50)), "itl_p99_ms": scale * float(np.percentile(gaps, 99))}
+
+
+def sweep_submits_all_at_once(budgets, specs, make_engine, submit):
+    """Puts every request into the engine at t=0, before it has arrived."""
+    return [_row(b, _serve(make_engine(b), specs, submit, all_at_once=True)) for b in budgets]
+
+
+def sweep_gaps_from_arrival(budgets, specs, make_engine, submit):
+    """Counts the wait for the first token as an inter-token gap."""
+    return [_row(b, _serve(make_engine(b), specs, submit), gaps_from_arrival=True) for b in budgets]
+
+
+def sweep_tpot_per_request(budgets, specs, make_engine, submit):
+    """One mean gap per request (TPOT), not every gap: the long stalls average away."""
+    return [_row(b, _serve(make_engine(b), specs, submit), per_request_mean=True) for b in budgets]
+
+
+def sweep_stamps_step_start(budgets, specs, make_engine, submit):
+    """Times each token at the start of the step that produced it."""
+    return [_row(b, _serve(make_engine(b), specs, submit, stamp_at_start=True)) for b in budgets]
+
+
+def sweep_in_seconds(budgets, specs, make_engine, submit):
+    """Reports seconds under the *_ms keys."""
+    return [_row(b, _serve(make_engine(b), specs, submit), seconds=True) for b in budgets]
+
+
+def sweep_sorts_budgets(budgets, specs, make_engine, submit):
+    """Returns the rows sorted by budget instead of in the order asked."""
+    return [_row(b, _serve(make_engine(b), specs, submit)) for b in sorted(budgets)]
+
+
+def sweep_one_engine(budgets, specs, make_engine, submit):
+    """Builds one engine (of the first budget) and measures every budget's row on it."""
+    engine = make_engine(budgets[0])
+    times = _serve(engine, specs, submit)
+    return [_row(b, times) for b in budgets]
+
+
+MUTANTS["budget_sweep"] = [sweep_submits_all_at_once, sweep_gaps_from_arrival, sweep_tpot_per_request,
+                           sweep_stamps_step_start, sweep_in_seconds, sweep_sorts_budgets, sweep_one_engine]

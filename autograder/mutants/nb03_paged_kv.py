@@ -117,6 +117,51 @@ class NoDoubleFreeCheck(_Pool):
                 self._free[page] = None
 
 
+class NeverEvicts(_Pool):
+    """Hands a cached page out again without telling the prefix cache (on_evict never called)."""
+
+    def allocate(self, n):
+        if n > len(self._free):
+            raise OutOfPages(f"asked for {n} pages, {len(self._free)} free")
+        pages = []
+        for _ in range(n):
+            page = next(iter(self._free))
+            del self._free[page]
+            self.ref_counts[page] = 1
+            pages.append(page)
+        return pages
+
+
+class EvictsEveryPage(_Pool):
+    """Calls on_evict for every page it hands out, cached or not."""
+
+    def allocate(self, n):
+        pages = super().allocate(n)
+        if self.on_evict is not None:
+            for page in pages:
+                self.on_evict(page)
+        return pages
+
+
+class EvictsOnFree(_Pool):
+    """Evicts a cached page as soon as its last owner frees it: nothing survives to be hit later."""
+
+    def free(self, pages):
+        super().free(pages)
+        for page in pages:
+            if self.ref_counts[page] == 0 and self.on_evict is not None and self.is_cached(page):
+                self.on_evict(page)
+
+
+class SharedFreePageStaysCached(_Pool):
+    """share() of a free cached page takes it off the free list only if it was never cached."""
+
+    def share(self, page):
+        if self.ref_counts[page] == 0 and not self.is_cached(page):
+            del self._free[page]
+        self.ref_counts[page] += 1
+
+
 def slots_are_positions(block_table, page_size, start, count):
     """Returns the token positions, never looking at the block table."""
     return list(range(start, start + count))
@@ -170,7 +215,8 @@ def contiguous_waste_off_by_one(num_tokens_per_request, max_len):
 
 MUTANTS = {
     "StudentBlockPool": [FreeNeverReturnsPage, FreeIgnoresOtherOwners, RefcountNotDecremented, CannotTakeLastPage,
-                         PartialAllocation, ShareLeavesPageFree, NoDoubleFreeCheck],
+                         PartialAllocation, ShareLeavesPageFree, NoDoubleFreeCheck, NeverEvicts, EvictsEveryPage,
+                         EvictsOnFree, SharedFreePageStaysCached],
     "slot_mapping": [slots_are_positions, slots_drop_last, slots_ignore_start, slots_page_index_as_offset],
     "paged_waste": [paged_waste_extra_page, paged_waste_in_pages, paged_waste_empty_holds_page],
     "contiguous_waste": [contiguous_waste_uses_longest, contiguous_waste_forgets_filled, contiguous_waste_off_by_one],

@@ -3,9 +3,14 @@ import math
 
 import torch
 
+# Imported before triton: without a GPU it switches Triton to its CPU interpreter first.
+from course_lib.attention.triton_decode import interpreting
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 
 def _loops(q, k_cache, v_cache, block_tables, seq_lens, scale, *, use_scale=True, kv_head=None, extra=0,
-           logical=False):
+           logical=False, own_scale=False, max_trick=True):
     num_seqs, num_heads, _ = q.shape
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -20,9 +25,13 @@ def _loops(q, k_cache, v_cache, block_tables, seq_lens, scale, *, use_scale=True
                 page = t // page_size if logical else pages[t // page_size]
                 row = t % page_size
                 score = float((q[s, h].double() * k_cache[page, row, kvh].double()).sum())
-                scores.append(score * scale if use_scale else score)
+                if own_scale:
+                    score *= q.shape[-1] ** -0.5
+                elif use_scale:
+                    score *= scale
+                scores.append(score)
                 values.append(v_cache[page, row, kvh].double())
-            top = max(scores)
+            top = max(scores) if max_trick else 0.0
             weights = [math.exp(x - top) for x in scores]
             total = sum(weights)
             acc = torch.zeros_like(values[0])
@@ -58,7 +67,7 @@ def loops_logical_pages(q, k_cache, v_cache, block_tables, seq_lens, scale):
 
 
 def _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, *, use_scale=True, repeat=False,
-                inclusive=False, logical=False):
+                inclusive=False, logical=False, own_scale=False, mask_values=True, max_trick=True):
     num_seqs, num_heads, head_dim = q.shape
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_len = int(seq_lens.max()) + (1 if inclusive else 0)
@@ -78,11 +87,28 @@ def _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, *, use_scale
     else:
         k = k.repeat_interleave(group, dim=2)
         v = v.repeat_interleave(group, dim=2)
+    if own_scale:
+        scale = head_dim ** -0.5
     scores = torch.einsum("shd,slhd->shl", q.double(), k) * (scale if use_scale else 1.0)
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    v = torch.where(valid[:, :, None, None], v, torch.zeros((), dtype=v.dtype))
+    if max_trick:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        weights = torch.exp(scores)
+        probs = weights / weights.sum(dim=-1, keepdim=True)
+    if mask_values:
+        v = torch.where(valid[:, :, None, None], v, torch.zeros((), dtype=v.dtype))
     return torch.einsum("shl,slhd->shd", probs, v).to(q.dtype)
+
+
+def loops_recomputes_scale(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Ignores the scale argument and uses head_dim ** -0.5."""
+    return _loops(q, k_cache, v_cache, block_tables, seq_lens, scale, own_scale=True)
+
+
+def loops_no_max_trick(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """exp(score) without subtracting the largest score: overflows on large scores."""
+    return _loops(q, k_cache, v_cache, block_tables, seq_lens, scale, max_trick=False)
 
 
 def vectorized_is_loops(q, k_cache, v_cache, block_tables, seq_lens, scale):
@@ -110,9 +136,152 @@ def vectorized_logical_pages(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, logical=True)
 
 
+def vectorized_masks_scores_not_values(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Masks the scores with -inf but multiplies the garbage values by their zero weights (0 * nan = nan)."""
+    return _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, mask_values=False)
+
+
+def vectorized_recomputes_scale(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Ignores the scale argument and uses head_dim ** -0.5."""
+    return _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, own_scale=True)
+
+
+def vectorized_no_max_trick(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """A hand-written softmax, exp(scores) / sum, without subtracting the maximum: inf / inf on large scores."""
+    return _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, max_trick=False)
+
+
+# --------------------------------------------------------------------------------------------- Triton
+@triton.jit
+def _kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, scale,
+    stride_qs, stride_qh, stride_page, stride_row, stride_kvh, stride_bts,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_VALUES: tl.constexpr, RESCALE: tl.constexpr, SUBTRACT_MAX: tl.constexpr, USE_TABLE: tl.constexpr,
+    INCLUSIVE: tl.constexpr, OWN_SCALE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    row_ok = rows < GROUP
+    dim_ok = dims < HEAD_DIM
+    heads = kv_head * GROUP + rows
+    q_mask = row_ok[:, None] & dim_ok[None, :]
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :], mask=q_mask,
+                other=0.0).to(tl.float32)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    block_table = block_tables_ptr + seq * stride_bts
+    kv_base = kv_head * stride_kvh + dims
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    if OWN_SCALE:
+        scale = 1.0 / tl.sqrt(HEAD_DIM * 1.0)
+    for block_start in range(0, seq_len, BLOCK_N):
+        tokens = block_start + tl.arange(0, BLOCK_N)
+        if INCLUSIVE:
+            tok_ok = tokens <= seq_len
+        else:
+            tok_ok = tokens < seq_len
+        if USE_TABLE and MASK_VALUES:
+            pages = tl.load(block_table + tokens // PAGE_SIZE, mask=tok_ok, other=0)
+        elif USE_TABLE:  # no masks on the loads at all: the table's padding entries are followed too
+            pages = tl.load(block_table + tokens // PAGE_SIZE)
+        else:
+            pages = tokens // PAGE_SIZE
+        slots = pages.to(tl.int64) * stride_page + (tokens % PAGE_SIZE) * stride_row
+        kv_mask = tok_ok[:, None] & dim_ok[None, :]
+        offsets = slots[:, None] + kv_base[None, :]
+        k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
+        if MASK_VALUES:
+            v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
+        else:
+            v = tl.load(v_cache_ptr + offsets, mask=dim_ok[None, :], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        scores = tl.where(tok_ok[None, :], scores, float("-inf"))
+        if SUBTRACT_MAX:
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+        else:
+            m_new = tl.zeros([GROUP_PAD], tl.float32)
+        alpha = tl.exp(m - m_new)
+        if not SUBTRACT_MAX:
+            alpha = tl.full([GROUP_PAD], 1.0, tl.float32)
+        p = tl.exp(scores - m_new[:, None])
+        if RESCALE:
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        else:
+            l = l + tl.sum(p, axis=1)
+            acc = acc + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, **flags):
+    num_seqs, num_heads, head_dim = q.shape
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    q, k_cache, v_cache, block_tables = (t.contiguous() for t in (q, k_cache, v_cache, block_tables))
+    out = torch.empty_like(q)
+    group = num_heads // num_kv_heads
+    options = dict(MASK_VALUES=True, RESCALE=True, SUBTRACT_MAX=True, USE_TABLE=True, INCLUSIVE=False,
+                   OWN_SCALE=False)
+    options.update(flags)
+    _kernel[(num_seqs, num_kv_heads)](
+        q, k_cache, v_cache, block_tables, seq_lens.to(torch.int32).contiguous(), out, float(scale),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)), PAGE_SIZE=page_size,
+        BLOCK_N=16 if interpreting() else 64, **options)
+    return out
+
+
+def triton_masks_scores_not_values(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Sets the scores of unowned slots to -inf but loads pages and values unmasked: 0 * nan = nan."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, MASK_VALUES=False)
+
+
+def triton_no_rescale(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Online softmax that forgets to rescale l and acc by exp(m_old - m_new) when the maximum grows."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, RESCALE=False)
+
+
+def triton_no_max(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """exp(score) with no running maximum: overflows to inf / inf on large scores."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, SUBTRACT_MAX=False)
+
+
+def triton_logical_pages(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Skips the block-table walk: token t read from page t // PAGE_SIZE."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, USE_TABLE=False)
+
+
+def triton_mask_off_by_one(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Masks with tokens <= seq_len: one garbage slot is attended."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, INCLUSIVE=True)
+
+
+def triton_recomputes_scale(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Ignores the scale argument and uses 1 / sqrt(HEAD_DIM)."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, OWN_SCALE=True)
+
+
+def triton_torch_wrapper(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Right numbers, but no kernel: the wrapper computes the attention with torch."""
+    return _vectorized(q.double(), k_cache.double(), v_cache.double(), block_tables, seq_lens, scale).to(q.dtype)
+
+
 MUTANTS = {
     "paged_attention_loops": [loops_no_scale, loops_wrong_kv_head, loops_misses_own_token, loops_one_token_too_many,
-                              loops_logical_pages],
+                              loops_logical_pages, loops_recomputes_scale, loops_no_max_trick],
     "paged_attention_vectorized": [vectorized_is_loops, vectorized_no_scale, vectorized_repeat_not_interleave,
-                                   vectorized_mask_off_by_one, vectorized_logical_pages],
+                                   vectorized_mask_off_by_one, vectorized_logical_pages,
+                                   vectorized_masks_scores_not_values, vectorized_recomputes_scale,
+                                   vectorized_no_max_trick],
+    "paged_attention_triton": [triton_masks_scores_not_values, triton_no_rescale, triton_no_max,
+                               triton_logical_pages, triton_mask_off_by_one, triton_recomputes_scale,
+                               triton_torch_wrapper],
 }

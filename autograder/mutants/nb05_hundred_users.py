@@ -18,16 +18,26 @@ def _pct(values, how):
     return {"p50": float(p50), "p99": float(p99)}
 
 
-def _summary(records, how="linear", include_failed=False, tpot_div=lambda n: n - 1, ttft_start="arrival_time"):
+def _summary(records, how="linear", include_failed=False, tpot_div=lambda n: n - 1, ttft_start="arrival_time",
+             truthy=False, busy=False, count_all=False):
     done = [r for r in records if r.finish_time is not None and (include_failed or r.finish_reason not in ("error", "aborted"))]
+    if truthy:
+        done = [r for r in done if r.first_token_time and r.finish_time]
     ttft = [r.first_token_time - getattr(r, ttft_start) for r in done if r.first_token_time is not None]
     tpot = [(r.finish_time - r.first_token_time) / tpot_div(len(r.token_ids)) for r in done
             if r.first_token_time is not None and len(r.token_ids) >= 2]
     latency = [r.finish_time - r.arrival_time for r in done]
     span = max(r.finish_time for r in records if r.finish_time is not None) - min(r.arrival_time for r in records)
+    if busy:  # only the time some request was in flight
+        span, end = 0.0, -float("inf")
+        for a, b in sorted((r.arrival_time, r.finish_time) for r in records if r.finish_time is not None):
+            if b > end:
+                span += b - max(a, end)
+                end = b
     tokens = sum(len(r.token_ids) for r in done)
+    completed = sum(r.finish_time is not None for r in records) if count_all else len(done)
     return {"ttft": _pct(ttft, how), "tpot": _pct(tpot, how), "latency": _pct(latency, how),
-            "throughput_tok_s": tokens / span if span > 0 else 0.0}
+            "throughput_tok_s": tokens / span if span > 0 else 0.0, "completed": completed, "output_tokens": tokens}
 
 
 def summary_nearest_rank(records):
@@ -55,11 +65,27 @@ def summary_ttft_from_scheduling(records):
     return _summary(records, ttft_start="first_scheduled_time")
 
 
+def summary_truthy_times(records):
+    """Skips requests whose first_token_time or finish_time is falsy: a time of 0.0 read as missing."""
+    return _summary(records, truthy=True)
+
+
+def summary_busy_time(records):
+    """Throughput over the time something was in flight, not the makespan (idle gaps left out)."""
+    return _summary(records, busy=True)
+
+
+def summary_counts_failed_as_completed(records):
+    """Right latencies, but `completed` counts every finished request, failed and aborted ones too."""
+    return _summary(records, count_all=True)
+
+
 def _closed_loop(make_engine, num_users, num_requests, make_prompt, seed, *, initial=None, refill="each",
-                 extra=0, order="sent", rng_per_request=False):
+                 extra=0, order="sent", rng_per_request=False, throttle=False):
     engine = make_engine()
     rng = random.Random(seed)
     sent, done, finish_order = [], {}, []
+    backlog = [0]  # users who are free but wait for the server to have room (throttle)
     limit = num_requests + extra
 
     def send():
@@ -74,11 +100,21 @@ def _closed_loop(make_engine, num_users, num_requests, make_prompt, seed, *, ini
     while len(done) < len(sent) or len(sent) < limit:
         if not engine.has_unfinished_requests:
             break
+        if throttle and backlog[0] and not engine.scheduler.waiting:
+            for _ in range(backlog[0]):
+                if len(sent) < limit:
+                    send()
+            backlog[0] = 0
         finished_now = [o for o in engine.step() if o.finished and o.request_id not in done]
         for o in finished_now:
             done[o.request_id] = o
             finish_order.append(o.request_id)
-        if refill == "each":
+        if throttle:
+            backlog[0] += len(finished_now)
+            if not engine.has_unfinished_requests and len(sent) < limit:
+                send()
+                backlog[0] -= 1
+        elif refill == "each":
             for _ in finished_now:
                 if len(sent) < limit:
                     send()
@@ -127,10 +163,16 @@ def closed_loop_rng_per_request(make_engine, num_users, num_requests, make_promp
     return _closed_loop(make_engine, num_users, num_requests, make_prompt, seed, rng_per_request=True)
 
 
+def closed_loop_waits_for_a_seat(make_engine, num_users, num_requests, make_prompt, seed):
+    """Client-side throttling: a free user sends only once the server has nobody waiting (hides the queue)."""
+    return _closed_loop(make_engine, num_users, num_requests, make_prompt, seed, throttle=True)
+
+
 MUTANTS = {
     "latency_summary": [summary_nearest_rank, summary_unsorted, summary_tpot_over_n, summary_includes_failed,
-                        summary_ttft_from_scheduling],
+                        summary_ttft_from_scheduling, summary_truthy_times, summary_busy_time,
+                        summary_counts_failed_as_completed],
     "run_closed_loop": [closed_loop_all_at_once, closed_loop_waves, closed_loop_one_user,
                         closed_loop_one_refill_per_step, closed_loop_one_extra, closed_loop_finish_order,
-                        closed_loop_rng_per_request],
+                        closed_loop_rng_per_request, closed_loop_waits_for_a_seat],
 }

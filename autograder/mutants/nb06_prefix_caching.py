@@ -31,9 +31,36 @@ def keys_chained_on_position(token_ids, page_size):
     return [hash((i, tuple(token_ids[i * page_size:(i + 1) * page_size]))) for i in range(len(token_ids) // page_size)]
 
 
-def keys_start_from_none(token_ids, page_size):
-    """Chains from None instead of 0."""
-    keys, parent = [], None
+def keys_xor_of_pages(token_ids, page_size):
+    """Combines the page hashes with XOR: order-blind (P Q and Q P collide) and P P cancels out."""
+    keys, acc = [], 0
+    for i in range(len(token_ids) // page_size):
+        acc ^= hash(tuple(token_ids[i * page_size:(i + 1) * page_size]))
+        keys.append(acc)
+    return keys
+
+
+def keys_sum_of_page(token_ids, page_size):
+    """Chains on the sum of the page's tokens: (1, 4) and (2, 3) look the same."""
+    keys, parent = [], 0
+    for i in range(len(token_ids) // page_size):
+        parent = hash((parent, sum(token_ids[i * page_size:(i + 1) * page_size])))
+        keys.append(parent)
+    return keys
+
+
+def keys_sorted_page(token_ids, page_size):
+    """Sorts each page's tokens (as if a page were a set): a page and its reverse collide."""
+    keys, parent = [], 0
+    for i in range(len(token_ids) // page_size):
+        parent = hash((parent, tuple(sorted(token_ids[i * page_size:(i + 1) * page_size]))))
+        keys.append(parent)
+    return keys
+
+
+def keys_salted_with_length(token_ids, page_size):
+    """Mixes the prompt's length into every key: the same prefix in a longer prompt gets other keys."""
+    keys, parent = [], len(token_ids)
     for i in range(len(token_ids) // page_size):
         parent = hash((parent, tuple(token_ids[i * page_size:(i + 1) * page_size])))
         keys.append(parent)
@@ -171,9 +198,103 @@ class HitRateIntegerDivision(_Cache):
         return self.hit_tokens // self.queried_tokens if self.queried_tokens else 0
 
 
+class KeyedOnPosition(_Cache):
+    """Keys a page by (its index, its tokens) and confirms the tokens: a page after another prefix hits."""
+
+    def __init__(self, pool):
+        super().__init__(pool)
+        self.index_of = {}  # serial -> index of its page in the prompt
+
+    def lookup(self, token_ids, max_pages):
+        ps = self.pool.page_size
+        pages, serial = [], ROOT
+        for i in range(max_pages):
+            tokens = tuple(token_ids[i * ps:(i + 1) * ps])
+            page = self.key_to_page.get((i, tokens))
+            if page is None or page not in self.entries:
+                break
+            pages.append(page)
+            serial = self.entries[page][1]
+        return pages, serial
+
+    def register(self, page, parent_serial, tokens):
+        tokens = tuple(tokens)
+        index = 0 if parent_serial == ROOT else self.index_of.get(parent_serial, -1) + 1
+        key = (index, tokens)
+        existing = self.key_to_page.get(key)
+        if existing is not None and existing in self.entries:
+            return self.entries[existing][1]
+        serial = self._new()
+        self.key_to_page[key] = page
+        self.entries[page] = (key, serial, parent_serial, tokens)
+        self.index_of[serial] = index
+        return serial
+
+
+class EvictKeepsKey(_Cache):
+    """evict() forgets the page but leaves its key: the evicted prefix, computed again, is taken for a
+    duplicate of the page that is gone, so it is never cached again."""
+
+    def evict(self, page):
+        key, serial, _, _ = self.entries.pop(page)
+        self.gone = getattr(self, "gone", {})
+        self.gone[key] = serial
+
+    def register(self, page, parent_serial, tokens):
+        key = hash((parent_serial, tuple(tokens)))
+        if key in getattr(self, "gone", {}) and self.key_to_page.get(key) not in self.entries:
+            return self.gone[key]
+        return super().register(page, parent_serial, tokens)
+
+
+class DuplicateTakesOver(_Cache):
+    """A duplicate registration replaces the cached copy: the key moves to the new page, with a new serial."""
+
+    def register(self, page, parent_serial, tokens):
+        tokens = tuple(tokens)
+        key = hash((parent_serial, tokens))
+        old = self.key_to_page.get(key)
+        if old is not None and self.entries[old][2:] == (parent_serial, tokens):
+            del self.entries[old]
+            del self.key_to_page[key]
+        return super().register(page, parent_serial, tokens)
+
+
+class ConfirmsTokensPresent(_Cache):
+    """Confirms only the tokens the prompt has: a partly filled last page matches a full cached page."""
+
+    def lookup(self, token_ids, max_pages):
+        ps = self.pool.page_size
+        pages, parent = [], ROOT
+        for i in range(max_pages):
+            tokens = tuple(token_ids[i * ps:(i + 1) * ps])
+            match = None
+            for page, (_, serial, stored_parent, stored) in self.entries.items():
+                if stored_parent == parent and stored[:len(tokens)] == tokens and tokens:
+                    match = (page, serial)
+                    break
+            if match is None:
+                break
+            pages.append(match[0])
+            parent = match[1]
+        return pages, parent
+
+
+class LookupCountsToo(_Cache):
+    """Adds to queried_tokens / hit_tokens in lookup, which the engine already counts (and asks again
+    every step while a request waits)."""
+
+    def lookup(self, token_ids, max_pages):
+        pages, serial = super().lookup(token_ids, max_pages)
+        self.queried_tokens += len(token_ids)
+        self.hit_tokens += len(pages) * self.pool.page_size
+        return pages, serial
+
+
 MUTANTS = {
     "page_keys": [keys_not_chained, keys_include_partial_page, keys_drop_last_full_page, keys_chained_on_position,
-                  keys_start_from_none],
+                  keys_xor_of_pages, keys_sum_of_page, keys_sorted_page, keys_salted_with_length],
     "StudentPrefixCache": [TrustsTheHash, ConfirmsTokensOnly, EvictDoesNothing, HooksNotInstalled, LookupSkipsMisses,
-                           LookupIgnoresMaxPages, LookupReturnsRootSerial, HitRateIntegerDivision],
+                           LookupIgnoresMaxPages, LookupReturnsRootSerial, HitRateIntegerDivision, KeyedOnPosition,
+                           EvictKeepsKey, DuplicateTakesOver, ConfirmsTokensPresent, LookupCountsToo],
 }

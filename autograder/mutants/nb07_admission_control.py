@@ -1,4 +1,6 @@
 """Realistic wrong answers for notebook 07 (admission control). Self-contained: no autograder imports."""
+from course_lib.scheduler.continuous import ContinuousScheduler
+from course_lib.scheduler.request import RequestStatus
 
 
 class _Watermark:
@@ -92,8 +94,163 @@ def report_counts_steps(engine):
             "preempted_requests": sum(1 for c in counts if c > 0), "max_preemptions_one_request": max(counts, default=0)}
 
 
+
+
+def report_finished_only(engine):
+    """Counts only the requests that have finished: mid-run, a preempted request still waiting is missed."""
+    counts = [r.num_preemptions for r in engine.requests.values() if r.is_finished]
+    return {"preemptions": sum(counts), "preempted_requests": sum(1 for c in counts if c > 0),
+            "max_preemptions_one_request": max(counts, default=0)}
+
+
+def report_skips_failed(engine):
+    """Leaves out failed requests (finish_reason 'error'), whose preemption was their failure."""
+    counts = [r.num_preemptions for r in engine.requests.values()
+              if r.finish_reason is None or r.finish_reason.value != "error"]
+    return {"preemptions": sum(counts), "preempted_requests": sum(1 for c in counts if c > 0),
+            "max_preemptions_one_request": max(counts, default=0)}
+
+
+def break_it_pool_below_one_request():
+    """A tiny pool: requests are refused at the door (larger than the pool), which no recompute can fix."""
+    return {"users": 64, "kv_tokens": 512, "max_tokens": 512, "watermark": 0.05}
+
+
+def break_it_too_light():
+    """One user in a huge pool: nothing ever runs out, so nothing breaks without admission control."""
+    return {"users": 1, "kv_tokens": 65536, "max_tokens": 1024, "watermark": 0.05}
+
+
+def break_it_pool_in_pages():
+    """Gives the pool in pages (256) where tokens are asked: 256 tokens hold no long prompt."""
+    return {"users": 32, "kv_tokens": 256, "max_tokens": 256, "watermark": 0.05}
+
+
+def break_it_watermark_in_percent():
+    """Writes the watermark as a percentage (5) instead of a fraction of the pool."""
+    return {"users": 32, "kv_tokens": 4096, "max_tokens": 512, "watermark": 5}
+
+
+def break_it_pool_fits_typical_request():
+    """Sizes the pool for a typical request (1,024 tokens) but not the largest one the workload sends: with
+    preemption on, a long prompt + max_tokens still never fits, and fails."""
+    return {"users": 64, "kv_tokens": 1024, "max_tokens": 768, "watermark": 0.05}
+
+
+def break_it_max_tokens_beyond_cap():
+    """Asks for answers longer than the workload's cap (2,048 > 1,024)."""
+    return {"users": 32, "kv_tokens": 8192, "max_tokens": 2048, "watermark": 0.05}
+
+
+# --- preemption by recompute (StudentRecompute): each breaks one rule of the give-back or the victim choice
+
+
+class _Recompute(ContinuousScheduler):
+    def choose_victim(self):
+        return self.running[-1]
+
+    def preempt(self, request):
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
+class VictimOldest(_Recompute):
+    """Preempts the oldest running request (the one that has done the most work)."""
+
+    def choose_victim(self):
+        return self.running[0]
+
+
+class VictimLargest(_Recompute):
+    """Preempts the request holding the most pages (frees the most at once, but breaks first come, first served)."""
+
+    def choose_victim(self):
+        return max(self.running, key=lambda r: len(self.kv.tables[r.request_id].pages))
+
+
+class RequeueAtBack(_Recompute):
+    """Puts the victim at the back of the queue: requests that came later overtake it."""
+
+    def preempt(self, request):
+        super().preempt(request)
+        self.waiting.remove(request)
+        self.waiting.append(request)
+
+
+class KeepsProgress(_Recompute):
+    """Does not reset the progress counter: the victim 'continues' from K/V it no longer has."""
+
+    def preempt(self, request):
+        computed = request.num_computed_tokens
+        super().preempt(request)
+        request.num_computed_tokens = computed
+
+
+class NeverFreesPages(_Recompute):
+    """Forgets to give the pages back: the pool never gets the room the preemption was for."""
+
+    def preempt(self, request):
+        self.running.remove(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
+class FreesPoolNotManager(_Recompute):
+    """Frees the pages in the pool directly, behind the KV manager's back (its page table stays)."""
+
+    def preempt(self, request):
+        self.running.remove(request)
+        self.kv.pool.free(list(self.kv.tables[request.request_id].pages))
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
+class RestartsAnswer(_Recompute):
+    """Throws the victim's answer away too: it generates from the prompt again (more work, later tokens)."""
+
+    def preempt(self, request):
+        super().preempt(request)
+        del request.output_token_ids[:]
+
+
+class CountsItself(_Recompute):
+    """Counts the preemption in preempt as well: the scheduler already does, so every report doubles."""
+
+    def preempt(self, request):
+        super().preempt(request)
+        request.num_preemptions += 1
+
+
+class RebindsQueues(_Recompute):
+    """Builds new lists for running and waiting: the scheduler's loop still walks the old running list."""
+
+    def preempt(self, request):
+        self.running = [r for r in self.running if r is not request]
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting = type(self.waiting)([request, *self.waiting])
+
+
+class StatusStillRunning(_Recompute):
+    """Leaves the victim's status at RUNNING although it waits in the queue."""
+
+    def preempt(self, request):
+        super().preempt(request)
+        request.status = RequestStatus.RUNNING
+
+
 MUTANTS = {
     "StudentWatermark": [AdmitsEverything, IgnoresOwnNeed, StrictlyAbove, FloorPages, IgnoresCachedPages, NoValidation,
                          WatermarkInPages],
-    "preemption_report": [report_running_only, report_events_as_requests, report_max_from_steps, report_counts_steps],
+    "preemption_report": [report_running_only, report_events_as_requests, report_max_from_steps, report_counts_steps,
+                          report_finished_only, report_skips_failed],
+    "break_it_config": [break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
+                        break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
+    # "StudentRecompute": registered once the engine's preemption hooks are merged (issue 13)
 }

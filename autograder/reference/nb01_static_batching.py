@@ -1,77 +1,89 @@
-"""Notebook 01 (static batching): pad a batch, measure the padding, run the naive batched loop."""
+"""Notebook 01 static_batching: reference solutions. GENERATED from solutions/01_static_batching/01_static_batching.ipynb by
+scripts/extract_references.py: do not edit; edit the notebook's solution cells."""
+
+
+from course_lib.course import checking, fast_mode, padded_forward, setup_torch, use_or_reference
 import torch
-import torch.nn.functional as F
+from course_lib.model.contiguous_cache import ContiguousKVCache
 
 
-def pad_batch(prompts, pad_id):
-    """LEFT-pad token-id lists into one [B, L] LongTensor (L = longest prompt) plus a [B, L]
-    BoolTensor that is True on real tokens. Left padding puts every prompt's last token in the
-    last column, which is where the next token is read from."""
+def pad_batch(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad `prompts` into ids [B, L] (long) and a mask [B, L] (bool, True on real tokens)."""
+    if not prompts:
+        raise ValueError("pad_batch needs at least one prompt, got an empty list")
+    empty = [row for row, prompt in enumerate(prompts) if len(prompt) == 0]
+    if empty:
+        raise ValueError(f"prompt(s) {empty} are empty: a prompt needs at least one token")
     longest = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), longest), dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        if len(prompt):
-            ids[row, longest - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
-            mask[row, longest - len(prompt):] = True
+    for row, prompt in enumerate(prompts):  # right-align the real tokens
+        ids[row, longest - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, longest - len(prompt):] = True
     return ids, mask
 
 
-def padding_waste(prompt_lens, output_lens):
-    """Fraction of the token slots one static batch computes that are padding.
-
-    The prefill computes B x max(prompt_lens) slots (rows padded to the longest prompt) and
-    samples every row's first output token. Each decode step then computes one slot per row, and
-    the batch keeps decoding until the longest output is done: max(output_lens) - 1 steps. Row i
-    needs its prompt_lens[i] prefill slots and output_lens[i] - 1 decode slots; the rest is padding.
-    """
-    if len(prompt_lens) != len(output_lens) or not prompt_lens:
-        raise ValueError("need one output length per prompt length, and at least one request")
-    batch = len(prompt_lens)
-    total = batch * max(prompt_lens) + batch * (max(output_lens) - 1)
-    useful = sum(prompt_lens) + sum(n - 1 for n in output_lens)
-    return (total - useful) / total
-
-
-class _LeftPaddedCausal:
-    """The model's `attend` for a left-padded [B, L] batch: causal, and pads are never attended."""
-
-    def __init__(self, mask):
-        self.mask = mask
-
-    def __call__(self, layer, q, k, v):
-        batch, length = self.mask.shape
-        q = q.view(batch, length, q.shape[1], q.shape[2]).transpose(1, 2)
-        k = k.view(batch, length, k.shape[1], k.shape[2]).transpose(1, 2)
-        v = v.view(batch, length, v.shape[1], v.shape[2]).transpose(1, 2)
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
-        allowed = causal[None] & self.mask[:, None, :]
-        allowed |= torch.eye(length, dtype=torch.bool)[None]  # a pad row sees itself: no empty softmax
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], enable_gqa=True)
-        return out.transpose(1, 2).reshape(batch * length, -1, out.shape[-1])
-
-
-@torch.inference_mode()
-def static_generate(model, prompts, max_tokens, eos_id):
-    """Greedy decoding of the whole batch at once, the naive way: every step re-runs the padded
-    batch (no KV cache) and reads each row's next token from the last column. A row that has
-    produced `eos_id` is finished (its list ends with the EOS) but keeps its seat: the batch runs
-    until every row is finished or max_tokens steps are done."""
-    seqs = [list(p) for p in prompts]
-    outs = [[] for _ in prompts]
-    done = [False] * len(prompts)
+def static_generate(model, prompts: list[list[int]], max_tokens: int, eos_id: int) -> list[list[int]]:
+    """Greedy static batching: the whole batch decodes until every row is done (or max_tokens)."""
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    ids, mask = pad_batch(prompts, pad_id)
+    outputs = [[] for _ in prompts]
+    finished = [False] * len(prompts)
     for _ in range(max_tokens):
-        ids, mask = pad_batch(seqs, 0)
-        positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        length = ids.shape[1]
-        last = torch.arange(len(seqs)) * length + length - 1
-        logits = model(ids.flatten(), positions.flatten(), _LeftPaddedCausal(mask), logits_indices=last)
-        for row, token in enumerate(logits.argmax(-1).tolist()):
-            if done[row]:
-                continue  # a finished passenger: computed, ignored
-            outs[row].append(token)
-            seqs[row].append(token)
-            done[row] = token == eos_id
-        if all(done):
+        next_tokens = padded_forward(model, ids, mask)[:, -1].argmax(dim=-1).tolist()
+        column, column_mask = [], []
+        for row, token in enumerate(next_tokens):
+            if finished[row]:  # a finished passenger keeps its seat as padding
+                column.append(pad_id)
+                column_mask.append(False)
+                continue
+            outputs[row].append(token)
+            finished[row] = token == eos_id
+            column.append(token)
+            column_mask.append(True)
+        if all(finished):
             break
-    return outs
+        ids = torch.cat([ids, torch.tensor(column, dtype=torch.long)[:, None]], dim=1)
+        mask = torch.cat([mask, torch.tensor(column_mask, dtype=torch.bool)[:, None]], dim=1)
+    return outputs
+
+
+def static_generate_cached(model, prompts: list[list[int]], max_tokens: int, eos_id: int) -> list[list[int]]:
+    """Greedy static batching over a contiguous KV cache: one prefill pass, then one token per row and step."""
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    ids, mask = pad_batch(prompts, pad_id)
+    cache = ContiguousKVCache(model, batch_size=len(prompts), max_len=ids.shape[1] + max_tokens)
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    next_position = mask.sum(dim=1)  # a row's next token sits right after its real tokens
+    outputs = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    for step in range(max_tokens):
+        next_tokens = cache.forward(model, ids, mask, positions)[:, -1].argmax(dim=-1).tolist()
+        running = [not done for done in finished]
+        for row, token in enumerate(next_tokens):
+            if running[row]:
+                outputs[row].append(token)
+                finished[row] = token == eos_id
+        if all(finished) or step == max_tokens - 1:
+            break
+        # The next pass feeds one column: each running row's new token, padding for the finished ones.
+        ids = torch.tensor([[t if r else pad_id] for t, r in zip(next_tokens, running)], dtype=torch.long)
+        mask = torch.tensor(running, dtype=torch.bool)[:, None]
+        positions = next_position[:, None].clone()
+        next_position = next_position + mask[:, 0].long()
+    return outputs
+
+
+def padding_waste(prompt_lens: list[int], output_lens: list[int]) -> float:
+    """Fraction of the computed token slots of one static batch that are padding."""
+    if not prompt_lens or len(prompt_lens) != len(output_lens):
+        raise ValueError(f"need one output length per prompt length (and at least one request): got "
+                         f"{len(prompt_lens)} prompt lengths and {len(output_lens)} output lengths")
+    if min(prompt_lens) < 1 or min(output_lens) < 1:
+        raise ValueError(f"every request has >= 1 prompt token and >= 1 output token, got {prompt_lens}, {output_lens}")
+    batch = len(prompt_lens)
+    prefill_slots = batch * max(prompt_lens)
+    decode_slots = batch * (max(output_lens) - 1)
+    real = sum(prompt_lens) + sum(n - 1 for n in output_lens)
+    total = prefill_slots + decode_slots
+    return (total - real) / total

@@ -1,77 +1,102 @@
-"""Notebook 02 (continuous batching): the turnstile scheduler, and how full its batch stays."""
+"""Notebook 02 continuous_batching: reference solutions. GENERATED from solutions/02_continuous_batching/02_continuous_batching.ipynb by
+scripts/extract_references.py: do not edit; edit the notebook's solution cells."""
+
+
+import numpy as np
 from course_lib.scheduler.base import SchedulerBase
 from course_lib.scheduler.output import ScheduledRequest, SchedulerOutput
 
 
+def entry(request, n: int) -> ScheduledRequest:
+    """The SchedulerOutput entry for computing `n` more tokens of `request` this step."""
+    start = request.num_computed_tokens
+    return ScheduledRequest(request.request_id, n, start, samples=start + n == request.num_tokens)
+
+
 class StudentScheduler(SchedulerBase):
-    """Iteration-level scheduling. Every step, running requests advance first (one decode token,
-    or the next chunk of a long prompt), preempting the youngest when pages run out; then waiting
-    requests take the seats and token budget left. A finished request leaves at once."""
+    """The turnstile: every step, seated requests advance first, then free seats are refilled."""
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        def tokens_now(pending: int) -> int:
+            """As many pending tokens as the budget allows; with chunking off, all or none (a prompt
+            bigger than the whole budget may take a step of its own)."""
+            if self.enable_chunked_prefill:
+                return min(pending, budget)
+            return pending if pending <= budget or budget == self.max_num_batched_tokens else 0
 
-        # 1. Running requests keep their seats.
+        # 1. Seated requests advance: a decode, or the next chunk of a prompt.
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = self._chunk(request.num_pending_tokens, budget)
+            n = tokens_now(request.num_pending_tokens)
             if n == 0:
-                break
+                break  # an unchunkable prompt waits for a step with room for all of it
             if not self._make_room(request, n, out):
-                break  # it was the youngest and gave its own pages back
+                break  # it was the youngest, and gave its own pages back
             self.kv.allocate(request, n)
-            out.scheduled.append(self._entry(request, n))
-            budget = max(0, budget - n)
+            out.scheduled.append(entry(request, n))
+            budget -= n
             i += 1
 
-        # 2. Fill free seats from the queue (not in a step that had to preempt: the pool is full).
+        # 2. Free seats are refilled from the head of the queue, unless this step had to preempt.
         while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
             cached = self.kv.lookup_prefix(request)
-            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
-            if n == 0:
-                break
-            if not self.kv.can_allocate(request, n, cached):
-                break
+            n = tokens_now(request.num_tokens - len(cached) * self.kv.page_size)
+            if n == 0 or not self.kv.can_allocate(request, n, cached):
+                break  # first come, first served: nobody overtakes the head of the queue
             if not self.admission.can_admit(request, n, cached, self.kv, self.running):
                 break
             self.waiting.popleft()
             self._admit(request, n, cached)
-            out.scheduled.append(self._entry(request, n))
-            budget = max(0, budget - n)
+            out.scheduled.append(entry(request, n))  # after admitting: a prefix hit moved its counter
+            budget -= n
         return out
 
-    def _chunk(self, pending, budget):
-        """Tokens to compute now: as many as the budget allows; with chunking off, all or none (a
-        prompt longer than the whole budget runs alone in a step, or it would wait forever)."""
-        if self.enable_chunked_prefill:
-            return min(pending, budget)
-        if pending <= budget or budget == self.max_num_batched_tokens:
-            return pending
-        return 0
-
-    @staticmethod
-    def _entry(request, n):
-        start = request.num_computed_tokens
-        return ScheduledRequest(request.request_id, n, start, start + n == request.num_tokens)
-
-    def finish(self, request):
-        """Retire a request that produced its last token: free its seat and its KV pages."""
+    def finish(self, request) -> list:
+        """`request` produced its last token: it leaves its seat and gives back its pages at once."""
         self.running.remove(request)
         self.kv.free(request)
         return [request]
 
 
-def mean_batch_occupancy(step_stats, max_num_seqs):
-    """Mean fraction of the batch's seats (max_num_seqs) held by running requests, each step
-    weighted by its duration (end_time - start_time); equal weights if no step has a duration.
-    0.0 for no steps."""
+def mean_batch_occupancy(step_stats, max_num_seqs: int) -> float:
+    """Time-weighted mean of num_running / max_num_seqs over the steps."""
     if not step_stats:
         return 0.0
     weights = [max(0.0, s.end_time - s.start_time) for s in step_stats]
     if sum(weights) == 0:
         weights = [1.0] * len(step_stats)
-    held = sum(w * s.num_running for w, s in zip(weights, step_stats))
-    return held / (max_num_seqs * sum(weights))
+    seated = sum(w * s.num_running for w, s in zip(weights, step_stats))
+    return seated / (max_num_seqs * sum(weights))
+
+
+def budget_sweep(budgets, specs, make_engine, submit) -> list[dict]:
+    """One row per budget: TTFT and inter-token latency (p50, p99, ms) serving `specs` on make_engine(budget)."""
+    rows = []
+    for budget in budgets:
+        engine = make_engine(budget)
+        clock = engine.clock
+        queue = sorted(specs, key=lambda spec: spec.arrival_time)
+        times = {}  # request id -> [arrival, time of token 1, time of token 2, ...]
+        i = 0
+        while i < len(queue) or engine.has_unfinished_requests:
+            while i < len(queue) and queue[i].arrival_time <= clock.now():
+                submit(engine, queue[i])
+                times[queue[i].request_id] = [queue[i].arrival_time]
+                i += 1
+            if not engine.has_unfinished_requests:
+                clock.wait_until(queue[i].arrival_time)  # idle: jump to the next arrival
+                continue
+            for out in engine.step():
+                times[out.request_id] += [clock.now()] * len(out.new_token_ids)
+        ttft = [t[1] - t[0] for t in times.values()]
+        gaps = [later - earlier for t in times.values() for earlier, later in zip(t[1:], t[2:])]
+        rows.append({"budget": budget,
+                     "ttft_p50_ms": 1e3 * float(np.percentile(ttft, 50)),
+                     "ttft_p99_ms": 1e3 * float(np.percentile(ttft, 99)),
+                     "itl_p50_ms": 1e3 * float(np.percentile(gaps, 50)),
+                     "itl_p99_ms": 1e3 * float(np.percentile(gaps, 99))})
+    return rows

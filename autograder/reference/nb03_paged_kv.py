@@ -1,65 +1,71 @@
-"""Notebook 03 (paged KV): the block pool, slot numbers, and how much memory each layout wastes."""
-from course_lib.kv.block_pool import OutOfPages
+"""Notebook 03 paged_kv: reference solutions. GENERATED from solutions/03_paged_kv/03_paged_kv.ipynb by
+scripts/extract_references.py: do not edit; edit the notebook's solution cells."""
+
+
+from collections import deque
+from course_lib.kv.block_pool import BlockPool, OutOfPages
 
 
 class StudentBlockPool:
-    """Bookkeeping for a pool of `num_pages` pages of `page_size` slots: which pages are free,
-    and how many owners each used page has (a page shared through the prefix cache has several)."""
+    """The books of the KV pool: which pages are free, and how many owners each used page has."""
 
-    def __init__(self, num_pages, page_size):
+    def __init__(self, num_pages: int, page_size: int):
         self.num_pages = num_pages
         self.page_size = page_size
         self.ref_counts = [0] * num_pages
-        self._free = dict.fromkeys(range(num_pages))  # an ordered set: allocation takes the front
-        # Hooks the prefix cache installs: is a page's content cached, and what to do when such a
-        # page is about to be overwritten.
+        self._free = deque(range(num_pages))  # free pages; allocate takes from the left
+        self._free_set = set(range(num_pages))  # the same pages, for O(1) membership
         self.on_evict = None
         self.is_cached = lambda page: False
 
     @property
-    def num_free_pages(self):
+    def num_free_pages(self) -> int:
         return len(self._free)
 
-    def is_free(self, page):
-        return page in self._free
+    def is_free(self, page: int) -> bool:
+        return page in self._free_set
 
-    def allocate(self, n):
+    def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise OutOfPages(f"asked for {n} pages but only {len(self._free)} of {self.num_pages} are free")
         pages = []
         for _ in range(n):
-            page = next(iter(self._free))
-            del self._free[page]
+            page = self._free.popleft()
+            self._free_set.discard(page)
             if self.on_evict is not None and self.is_cached(page):
-                self.on_evict(page)
+                self.on_evict(page)  # its cached contents are about to be overwritten
             self.ref_counts[page] = 1
             pages.append(page)
         return pages
 
-    def share(self, page):
-        if self.ref_counts[page] == 0:
-            del self._free[page]  # a free page with cached content comes back into use
-        self.ref_counts[page] += 1
-
-    def free(self, pages):
-        for page in reversed(pages):
+    def free(self, pages: list[int]) -> None:
+        for page in pages:
             if self.ref_counts[page] <= 0:
-                raise RuntimeError(f"page {page} freed more times than it was allocated (double free)")
+                raise RuntimeError(f"double free: page {page} is not held by anyone")
             self.ref_counts[page] -= 1
             if self.ref_counts[page] == 0:
-                self._free[page] = None
+                self._free.append(page)
+                self._free_set.add(page)
+
+    def share(self, page: int) -> None:
+        if self.ref_counts[page] == 0:  # a free page with valid (cached) contents comes back into use
+            self._free.remove(page)
+            self._free_set.discard(page)
+        self.ref_counts[page] += 1
 
 
-def slot_mapping(block_table, page_size, start, count):
-    """Physical slot (page * page_size + offset) of each token position start .. start+count-1."""
-    return [block_table[pos // page_size] * page_size + pos % page_size for pos in range(start, start + count)]
+def slot_mapping(block_table: list[int], page_size: int, start: int, count: int) -> list[int]:
+    """Physical slot of each token position start .. start + count - 1."""
+    slots = []
+    for position in range(start, start + count):
+        page = block_table[position // page_size]
+        slots.append(page * page_size + position % page_size)
+    return slots
 
 
-def paged_waste(num_tokens_per_request, page_size):
-    """Slots reserved but unused when each request holds just enough whole pages."""
+def paged_waste(num_tokens_per_request: list[int], page_size: int) -> int:
+    """Reserved-but-unused slots when every request holds ceil(n / page_size) pages."""
     return sum(-(-n // page_size) * page_size - n for n in num_tokens_per_request)
-
-
-def contiguous_waste(num_tokens_per_request, max_len):
-    """Slots reserved but unused when each request reserves max_len slots up front."""
+def contiguous_waste(num_tokens_per_request: list[int], max_len: int) -> int:
+    """Reserved-but-unused slots when every request reserves max_len slots."""
     return sum(max_len - n for n in num_tokens_per_request)

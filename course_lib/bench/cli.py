@@ -15,6 +15,7 @@ BENCHMARKS = {
                "course_lib's engine vs transformers (generate_batch, padded generate), same weights"),
     "forward": ("course_lib.bench.forward", "one engine step: the whole forward in C vs the PyTorch model"),
     "scheduler": ("course_lib.bench.scheduler", "scheduler + KV manager overhead per step, scripted runner, no model"),
+    "serve": ("course_lib.bench.serve", "tokens/s streamed over HTTP (64 streams) vs LLMEngine.generate in process"),
 }
 USAGE = usage("python -m course_lib bench", "benchmark", BENCHMARKS)
 

@@ -4,6 +4,15 @@ from __future__ import annotations
 import argparse
 
 
+def answer(model, tokenizer, prompt: str, max_tokens: int = 64) -> str:
+    """The model's greedy answer to `prompt` (text in, text out), served by an LLMEngine."""
+    from course_lib import EngineConfig, LLMEngine, SamplingParams
+
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(prompt)],
+                                                        SamplingParams(max_tokens=max_tokens))
+    return tokenizer.decode(out.token_ids)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib generate", description=__doc__)
     parser.add_argument("--prompt", required=True, help='e.g. "reverse: 58213" or "countdown: 12"')

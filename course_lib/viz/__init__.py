@@ -13,6 +13,7 @@ from course_lib.viz.kv_usage import kv_utilisation
 from course_lib.viz.latency import latency_cdfs
 from course_lib.viz.load import load_sweep
 from course_lib.viz.page_map import page_pool_map
+from course_lib.viz.page_grid import page_grid  # noqa: F401  (the pool as grids of pages at a few moments)
 from course_lib.viz.queue import queue_lengths
 from course_lib.viz.timeline import bus_vs_turnstile, timeline
 from course_lib.viz.widgets import render_dashboard, simulation_dashboard

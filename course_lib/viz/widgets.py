@@ -37,6 +37,22 @@ def _describe(values: Mapping) -> str:
     )
 
 
+def failure_summary(requests) -> str:
+    """Why the run's failed requests failed, one line per reason with its count ('' if none failed)."""
+    reasons: dict[str, int] = {}
+    for r in requests:
+        if getattr(r, "finish_reason", None) == "error":
+            error = getattr(r, "error", None) or "unknown error"
+            if "mid-generation" in error:
+                why = "ran out of KV pages mid-generation (preemption off)"
+            elif "whole pool" in error:
+                why = "refused: the request is larger than the whole KV pool"
+            else:
+                why = error[:70]
+            reasons[why] = reasons.get(why, 0) + 1
+    return "\n".join(f"{n} failed: {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
 def render_dashboard(values: Mapping, run_fn: RunFn) -> Figure:
     """Run one simulation with the widget `values` and draw: the request timeline, the page
     pool (or the queue lengths when the run recorded no page owners), KV usage over time, and
@@ -56,6 +72,9 @@ def render_dashboard(values: Mapping, run_fn: RunFn) -> Figure:
     table = axes["table"]
     table.axis("off")
     table.text(0.0, 1.0, format_table({"this run": summary}), family="monospace", fontsize=9, va="top")
+    failures = failure_summary(requests)
+    if failures:  # why requests failed: a pool smaller than one request reads differently from a full pool
+        table.set_title(failures, loc="left", family="monospace", fontsize=9, color="#c00")
     fig.suptitle(_describe(values))
     return fig
 

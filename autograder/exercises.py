@@ -1,0 +1,115 @@
+"""The one table of the course's graded exercises: everything else about an exercise is derived
+from its row (the checks' map, the tests' parametrisation, docs/exercises.md's table).
+
+A row says where the exercise lives (notebook module and nbgrader assignment), what the student
+writes (the adapter: the name their solution cell defines, also the solution cell's grade_id),
+which check grades it (`autograder.checks.<module>.check_<adapter>`), which graded test cell
+carries its points, and which piece of course_lib does the same job (the fallback later cells
+use while the student's piece is unfinished or failing, and what a test holds the generated
+reference solution to). Adding an exercise touches its notebook, its check and this table.
+
+`python -m autograder exercises` prints the table as markdown (docs/exercises.md embeds it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Exercise:
+    module: str  # e.g. "nb03_paged_kv": the checks / mutants / reference module
+    adapter: str  # what the student defines; also the solution cell's nbgrader grade_id
+    points: float  # the graded test cell's points (tests hold the notebook's metadata to it)
+    counterpart: str | None = None  # "course_lib.pkg.module:Name" doing the same job, if any
+    interface: str = ""  # one line: the signature the student implements
+    cell: str | None = None  # the graded test cell's grade_id, when it is not "<adapter>_tests"
+    hidden_seeds: tuple[int, ...] = (1, 2)  # the test cell's hidden tests call the check with these
+
+    @property
+    def graded_seeds(self) -> tuple[int, ...]:
+        """Every seed a grading calls the check with: the visible 0, then the hidden ones. Every
+        mutant must fail on each of them (no seed luck), every control pass on each."""
+        return (0, *self.hidden_seeds)
+
+    @property
+    def assignment(self) -> str:
+        """The nbgrader assignment (folder under solutions/): the module name without "nb"."""
+        return self.module[2:]
+
+    @property
+    def check_name(self) -> str:
+        return f"check_{self.adapter}"
+
+    @property
+    def test_cell(self) -> str:
+        """grade_id of the graded test cell that calls the check (several adapters may share one;
+        their points add up to the cell's)."""
+        return self.cell or f"{self.adapter}_tests"
+
+
+E = Exercise
+EXERCISES: list[Exercise] = [
+    E("nb00_setup", "kv_bytes_per_token", 1, "course_lib.model.contiguous_cache:kv_bytes_per_token",
+      "kv_bytes_per_token(config, bytes_per_elem) -> int"),
+    E("nb00_setup", "answer", 2, "course_lib.cli.generate:answer", "answer(model, tokenizer, prompt, max_tokens=64) -> str"),
+    E("nb01_static_batching", "pad_batch", 2, "course_lib.static_batching:pad_batch",
+      "pad_batch(prompts, pad_id) -> (ids [B, L], mask [B, L])"),
+    E("nb01_static_batching", "static_generate", 3, "course_lib.static_batching:static_generate",
+      "static_generate(model, prompts, max_tokens, eos_id) -> list[list[int]]"),
+    E("nb01_static_batching", "static_generate_cached", 3, "course_lib.static_batching:static_generate_cached",
+      "static_generate_cached(model, prompts, max_tokens, eos_id) -> list[list[int]]"),
+    E("nb01_static_batching", "padding_waste", 2, "course_lib.static_batching:padding_waste",
+      "padding_waste(prompt_lens, output_lens) -> float"),
+    E("nb02_continuous_batching", "StudentScheduler", 4, "course_lib.scheduler.continuous:ContinuousScheduler",
+      "class StudentScheduler(SchedulerBase): schedule() -> SchedulerOutput"),
+    E("nb02_continuous_batching", "mean_batch_occupancy", 2, "course_lib.sim.occupancy:mean_batch_occupancy",
+      "mean_batch_occupancy(step_stats, max_num_seqs) -> float"),
+    E("nb02_continuous_batching", "budget_sweep", 3, "course_lib.sim.token_budget:budget_sweep",
+      "budget_sweep(budgets, specs, make_engine, submit) -> list[dict]"),
+    E("nb03_paged_kv", "StudentBlockPool", 4, "course_lib.kv.block_pool:BlockPool",
+      "class StudentBlockPool(num_pages, page_size): allocate / free / share / num_free_pages / ref_counts / is_free"),
+    E("nb03_paged_kv", "slot_mapping", 2, "course_lib.kv.slots:slot_mapping",
+      "slot_mapping(block_table, page_size, start, count) -> list[int]"),
+    E("nb03_paged_kv", "paged_waste", 1, "course_lib.kv.waste:paged_waste", "paged_waste(lens, page_size) -> int",
+      cell="kv_waste_tests"),
+    E("nb03_paged_kv", "contiguous_waste", 1, "course_lib.kv.waste:contiguous_waste",
+      "contiguous_waste(lens, max_len) -> int", cell="kv_waste_tests"),
+    E("nb04_paged_attention", "paged_attention_loops", 3, "course_lib.attention.reference:paged_decode_reference",
+      "paged_attention_loops(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out"),
+    E("nb04_paged_attention", "paged_attention_vectorized", 3, "course_lib.attention.torch_paged:paged_decode_torch",
+      "paged_attention_vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out"),
+    E("nb04_paged_attention", "paged_attention_triton", 4, "course_lib.attention.triton_decode:paged_decode_triton",
+      "paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out (launches your paged_decode_kernel)"),
+    E("nb05_hundred_users", "latency_summary", 2, "course_lib.sim.closed_loop:latency_summary",
+      "latency_summary(records) -> dict"),
+    E("nb05_hundred_users", "run_closed_loop", 3, "course_lib.sim.closed_loop:run_closed_loop",
+      "run_closed_loop(make_engine, num_users, num_requests, make_prompt, seed) -> list[RequestOutput]"),
+    E("nb06_prefix_caching", "page_keys", 2, "course_lib.kv.prefix_cache:PrefixCache",
+      "page_keys(token_ids, page_size) -> list of hashable keys, one per full page"),
+    E("nb06_prefix_caching", "StudentPrefixCache", 4, "course_lib.kv.prefix_cache:PrefixCache",
+      "class StudentPrefixCache(pool): lookup / register / evict / is_cached / counters", hidden_seeds=(1,)),
+    E("nb07_admission_control", "StudentWatermark", 3, "course_lib.scheduler.admission:WatermarkAdmission",
+      "class StudentWatermark(watermark): can_admit(request, num_new_tokens, cached_pages, kv, running) -> bool"),
+    E("nb07_admission_control", "preemption_report", 2, "course_lib.sim.preemption:preemption_report",
+      "preemption_report(engine) -> dict"),
+    E("nb07_admission_control", "break_it_config", 3, None,
+      "break_it_config() -> dict(users, kv_tokens, max_tokens, watermark)"),
+]
+del E
+
+BY_ADAPTER: dict[str, Exercise] = {e.adapter: e for e in EXERCISES}
+
+
+def of_module(module: str) -> list[Exercise]:
+    return [e for e in EXERCISES if e.module == module]
+
+
+def markdown_table() -> str:
+    """The table as markdown: notebook, adapter (interface), check, course_lib counterpart, points."""
+    rows = ["| nb | exercise | interface | check | course_lib counterpart | points |",
+            "|---|---|---|---|---|---:|"]
+    for e in EXERCISES:
+        counterpart = f"`{e.counterpart}`" if e.counterpart else "-"
+        rows.append(f"| {e.module[2:4]} | `{e.adapter}` | `{e.interface}` | `{e.module}.{e.check_name}` | "
+                    f"{counterpart} | {e.points:g} |")
+    return "\n".join(rows)

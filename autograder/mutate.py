@@ -1,0 +1,254 @@
+"""`python -m autograder mutate [--exercise X]`: mutation testing of the checks.
+
+Hand-written mutants (autograder/mutants/) test the bugs their authors thought of; this tests
+the ones nobody thought of. cosmic-ray (a maintained mutation tool) generates every mutant of
+an exercise's reference solution: each of its core operators (replace `+` by `-`, `<` by `<=`,
+`True` by `False`, a number by a neighbour, `break` by `continue`, a loop by zero iterations,
+...) applied at each place it fits, inside the exercise's own definition (the adapter's function
+or class in the generated `autograder/reference/<module>.py`). Each mutant is compiled into a
+fresh module and graded by the exercise's check on every graded seed (`Exercise.graded_seeds`):
+
+- **killed**: the check failed on some seed (or the mutant crashed, or ran past the time limit);
+- **survived**: it passed every seed. A survivor is either a gap in the check, or *equivalent*
+  (it computes the same thing, e.g. `<` -> `!=` on a counter that only grows). Equivalent
+  survivors are listed, each with a one-line reason, in `autograder/mutation_equivalents.json`
+  and reported apart; the goal is >= 95% of the others killed for every exercise.
+
+Mutants run in worker processes (`--jobs`, default: the cores) that import torch once and
+are killed by a per-mutant alarm (`--timeout`), so an infinite loop costs one timeout.
+Writes a JSON report (`--json`) and prints a markdown table (docs/grading.md keeps the latest).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .exercises import BY_ADAPTER, EXERCISES, Exercise
+
+HERE = Path(__file__).resolve().parent
+EQUIVALENTS = HERE / "mutation_equivalents.json"
+DEFAULT_TIMEOUT = 30.0
+# Operators that take arguments (variable replacer / inserter) need a hand-picked pair of names
+# per site; the argument-free core operators cover the realistic slips.
+
+
+@dataclass(frozen=True)
+class Mutant:
+    exercise: str
+    operator: str
+    occurrence: int  # cosmic-ray's index of this operator's sites in the module
+    line: int  # 1-based line of the mutated site
+    original: str  # that line, stripped: the key an equivalence note refers to
+    mutated: str  # the same line after the mutation, stripped
+
+    @property
+    def key(self) -> str:
+        return f"{self.exercise}|{self.operator}|{self.original}|{self.mutated}"
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # "killed" | "survived" | "equivalent"
+    detail: str  # the check's message (killed), the equivalence reason, or ""
+    seconds: float
+
+
+# ------------------------------------------------------------------------------- generation
+def reference_path(exercise: Exercise) -> Path:
+    return HERE / "reference" / f"{exercise.module}.py"
+
+
+def _definition_span(source: str, name: str) -> tuple[int, int]:
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node.lineno, node.end_lineno
+    raise SystemExit(f"{name} is not defined at the top level of its reference module: regenerate it "
+                     "(python scripts/extract_references.py)")
+
+
+def _operators():
+    import cosmic_ray.plugins
+
+    for name in sorted(cosmic_ray.plugins.operator_names()):
+        cls = cosmic_ray.plugins.get_operator(name)
+        if not cls.arguments():
+            yield name, cls()
+
+
+def generate(exercise: Exercise) -> list[tuple[Mutant, str]]:
+    """Every (mutant, mutated module source) cosmic-ray makes inside the exercise's definition;
+    mutants whose code is identical to another's (two operators, one result) are kept once."""
+    from cosmic_ray.ast import ast_nodes, get_ast
+    from cosmic_ray.mutating import mutate_code
+
+    source = reference_path(exercise).read_text(encoding="utf-8")
+    lines = source.splitlines()
+    first, last = _definition_span(source, exercise.adapter)
+    seen: set[str] = set()
+    out = []
+    nodes = list(ast_nodes(get_ast(source)))  # parsed once: finding positions does not change the tree
+    for op_name, operator in _operators():
+        positions = [start for node in nodes for start, _ in operator.mutation_positions(node)]
+        for occurrence, (line, _col) in enumerate(positions):
+            if not first <= line <= last:
+                continue
+            mutated = mutate_code(source, operator, occurrence)
+            if mutated is None or mutated in seen or mutated == source:
+                continue
+            seen.add(mutated)
+            mutated_lines = mutated.splitlines()
+            after = mutated_lines[line - 1].strip() if line - 1 < len(mutated_lines) else ""
+            out.append((Mutant(exercise.adapter, op_name.split("/")[-1], occurrence, line,
+                               lines[line - 1].strip(), after), mutated))
+    return out
+
+
+# ------------------------------------------------------------------------------- evaluation
+class _Timeout(BaseException):
+    """Raised by the alarm: a BaseException, so a mutant's `except Exception` cannot swallow it."""
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _evaluate(job) -> tuple[str, str, float]:
+    """In a worker: compile the mutated module, grade its adapter on every graded seed."""
+    adapter, source, timeout = job
+    exercise = BY_ADAPTER[adapter]
+    from autograder.checks import get_check
+
+    start = time.perf_counter()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        namespace = {"__name__": f"autograder.reference.{exercise.module}_mutant"}
+        # Compiled under the reference's own file name: the checks count that folder as student code.
+        exec(compile(source, str(reference_path(exercise)), "exec"), namespace)
+        impl = namespace[adapter]
+        check = get_check(adapter)
+        for seed in exercise.graded_seeds:
+            check(impl, seed, _allow_reference=True)
+    except _Timeout:
+        return "killed", f"ran past {timeout:g} s", time.perf_counter() - start
+    except AssertionError as e:
+        return "killed", str(e).splitlines()[0][:300] if str(e) else "AssertionError", time.perf_counter() - start
+    except BaseException as e:  # noqa: BLE001 - a crash, NotImplementedError, SystemExit: all kill it
+        return "killed", f"{type(e).__name__}: {e}"[:300], time.perf_counter() - start
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return "survived", "", time.perf_counter() - start
+
+
+def _worker_init():
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    return {e["key"]: e["reason"] for e in json.loads(path.read_text(encoding="utf-8"))}
+
+
+def run(exercises: list[Exercise], jobs: int, timeout: float, progress: bool = True) -> list[Outcome]:
+    from tqdm.auto import tqdm
+
+    work = [(m, src) for e in exercises for m, src in generate(e)]
+    equivalents = load_equivalents()
+    ctx = multiprocessing.get_context("fork")
+    outcomes = []
+    with ctx.Pool(jobs, initializer=_worker_init, maxtasksperchild=50) as pool:
+        results = pool.imap(_evaluate, [(m.exercise, src, timeout) for m, src in work])
+        for (mutant, _), (status, detail, seconds) in tqdm(zip(work, results), total=len(work), disable=not progress,
+                                                         desc="mutants", unit="mutant"):
+            if status == "survived" and mutant.key in equivalents:
+                status, detail = "equivalent", equivalents[mutant.key]
+            outcomes.append(Outcome(mutant, status, detail, seconds))
+    return outcomes
+
+
+# ------------------------------------------------------------------------------- reporting
+def summarize(outcomes: list[Outcome], exercises: list[Exercise]) -> list[dict]:
+    rows = []
+    for e in exercises:
+        mine = [o for o in outcomes if o.mutant.exercise == e.adapter]
+        count = {s: sum(o.status == s for o in mine) for s in ("killed", "survived", "equivalent")}
+        judged = len(mine) - count["equivalent"]
+        rows.append({"exercise": e.adapter, "module": e.module, "generated": len(mine), **count,
+                     "kill_rate": (count["killed"] / judged) if judged else 1.0})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| exercise | generated | killed | survived | equivalent | killed of non-equivalent |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| `{r['exercise']}` | {r['generated']} | {r['killed']} | {r['survived']} | "
+                     f"{r['equivalent']} | {r['kill_rate']:.1%} |")
+    total = {k: sum(r[k] for r in rows) for k in ("generated", "killed", "survived", "equivalent")}
+    judged = total["generated"] - total["equivalent"]
+    lines.append(f"| **all** | {total['generated']} | {total['killed']} | {total['survived']} | "
+                 f"{total['equivalent']} | {total['killed'] / judged if judged else 1:.1%} |")
+    return "\n".join(lines)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="python -m autograder mutate", description=__doc__)
+    parser.add_argument("--exercise", action="append", default=None,
+                        help="only this exercise (an adapter name; repeatable; default: every exercise)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds one mutant may take over all seeds before it counts as killed "
+                             f"(default: {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--json", default=None, help="write the full report (every mutant) here")
+    parser.add_argument("--list", action="store_true", help="only list the mutants that would run")
+    return parser
+
+
+def main(args) -> int:
+    if args.exercise:
+        unknown = [a for a in args.exercise if a not in BY_ADAPTER]
+        if unknown:
+            raise SystemExit(f"unknown exercise(s) {unknown}; the exercises are {sorted(BY_ADAPTER)}")
+        exercises = [BY_ADAPTER[a] for a in args.exercise]
+    else:
+        exercises = list(EXERCISES)
+    if args.list:
+        for e in exercises:
+            for m, _ in generate(e):
+                print(f"{m.exercise}: {m.operator} line {m.line}: {m.original!r} -> {m.mutated!r}")
+        return 0
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
+    started = time.perf_counter()
+    outcomes = run(exercises, args.jobs, args.timeout)
+    rows = summarize(outcomes, exercises)
+    elapsed = time.perf_counter() - started
+    print(markdown(rows))
+    print(f"\n{len(outcomes)} mutants in {elapsed:.0f} s with {args.jobs} worker(s)")
+    for o in outcomes:
+        if o.status == "survived":
+            print(f"survived: {o.mutant.exercise} {o.mutant.operator} line {o.mutant.line}: "
+                  f"{o.mutant.original!r} -> {o.mutant.mutated!r}  key={o.mutant.key!r}")
+    if args.json:
+        report = {"date": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(elapsed, 1), "jobs": args.jobs,
+                  "summary": rows, "mutants": [asdict(o.mutant) | {"status": o.status, "detail": o.detail,
+                                                                  "seconds": round(o.seconds, 3)} for o in outcomes]}
+        Path(args.json).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))

@@ -1,0 +1,142 @@
+"""RECORD side: inside the sandbox, every check call a test cell makes is recorded as plain data.
+
+The grader's setup cell (the first cell of the notebook it executes, before any student code)
+calls `start(path)`. From then on `check_<adapter>(impl, seed)` (see `_checking.check`) does not
+judge by itself: it hands the check's body a membrane proxy of `impl` (`autograder.membrane`),
+and when the call ends, one JSON line goes to `path`: the exercise, the seed, every crossing of
+the boundary, the check's own outcome (evidence only), fingerprints of the adapter's code and
+any calls into the exercise's course_lib counterpart seen from other threads. The grader then
+replays each line in its own process (`autograder.replay`); the verdict is the replay's.
+
+Without a session (a student running the notebook, pytest) a check runs as it always did.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+SESSION = None
+MAX_RECORD_BYTES = 256 << 20
+
+
+class Session:
+    def __init__(self, path: str):
+        self.path = path  # appended to: a kernel restarted after a crash replays the setup cell
+        try:
+            self.written = os.path.getsize(path)
+        except OSError:
+            self.written = 0
+
+    def write(self, entry: dict) -> None:
+        line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
+        if self.written + len(line) > MAX_RECORD_BYTES:
+            line = json.dumps({"exercise": entry.get("exercise"), "seed": entry.get("seed"), "events": [],
+                               "outcome": {"ok": False, "type": "RecordLimit",
+                                           "msg": "the record grew past its size limit"}}) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.written += len(line)
+
+
+def start(path: str) -> None:
+    """Called by the grader's setup cell."""
+    global SESSION
+    SESSION = Session(path)
+
+
+def _counterpart_files(exercise: str) -> dict[str, str]:
+    from .exercises import BY_ADAPTER
+
+    e = BY_ADAPTER.get(exercise)
+    if e is None or not e.counterpart:
+        return {}
+    module = sys.modules.get(e.counterpart.split(":")[0])
+    path = getattr(module, "__file__", None)
+    return {os.path.abspath(path): module.__name__} if path else {}
+
+
+class _ThreadWatch:
+    """Calls into the exercise's course_lib counterpart from threads started during the check."""
+
+    def __init__(self, exercise: str):
+        self.files = _counterpart_files(exercise)
+        self.hits: list[str] = []
+
+    def __enter__(self):
+        if self.files:
+            def profiler(frame, event, arg):
+                if event == "call" and frame.f_code.co_filename in self.files and len(self.hits) < 20:
+                    self.hits.append(f"{self.files[frame.f_code.co_filename]}.{frame.f_code.co_name}")
+            threading.setprofile(profiler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.files:
+            threading.setprofile(None)
+        return False
+
+
+def through_membrane(wrapper, name, impl, seed, refuse, run) -> bool:
+    """Run a check call through a membrane when one is due. True if it ran here (record or
+    replay), False if the caller should run the check as usual (no session, no stub)."""
+    from . import _checking
+    from .membrane import Membrane, RecordLimit, is_proxy
+
+    if is_proxy(impl):  # a replay stub, or a recorded adapter handed to a nested check
+        m = object.__getattribute__(impl, "_ag_membrane")
+        previous = _checking._ACTIVE
+        _checking._ACTIVE = m
+        try:
+            if m.mode == "replay" and previous is None:
+                message = m.hook("reject", None)
+                if message:
+                    _checking.fail(str(message))
+            run(impl, seed)
+        finally:
+            _checking._ACTIVE = previous
+        return True
+    session = SESSION
+    if session is None or _checking._ACTIVE is not None:
+        return False
+    from .fingerprint import code_fingerprints
+
+    m = Membrane("record")
+    proxy = m.root(impl)
+    entry = {"exercise": name, "seed": seed, "impl": dict(m.s_info[0])}
+    try:
+        entry["code"] = code_fingerprints(impl)
+    except Exception:  # noqa: BLE001 - a fingerprint is evidence; never let it stop the check
+        entry["code"] = []
+    outcome = {"ok": False, "type": "Interrupted", "msg": "the check did not finish"}
+    watch = _ThreadWatch(name)
+    _checking._ACTIVE = m
+    try:
+        try:
+            refuse(impl)
+            message = None
+        except AssertionError as exc:
+            message = str(exc)
+        m.hook("reject", message)
+        if message:
+            _checking.fail(message)
+        with watch:
+            run(proxy, seed)
+        outcome = {"ok": True}
+    except RecordLimit as exc:
+        outcome = {"ok": False, "type": "RecordLimit", "msg": str(exc)}
+        raise AssertionError(f"{name}: {exc}") from None
+    except BaseException as exc:
+        outcome = {"ok": False, "type": type(exc).__name__, "msg": str(exc)[:4000]}
+        raise
+    finally:
+        _checking._ACTIVE = None
+        entry.update(events=m.events, outcome=outcome, thread_reference_calls=watch.hits)
+        try:
+            session.write(entry)
+        except (OSError, ValueError) as exc:  # a full disk or a value JSON cannot hold: the replay will say
+            print(f"[autograder] could not write the record: {exc}", file=sys.__stdout__)
+    return True

@@ -1,0 +1,251 @@
+"""One submission, one sandbox: bubblewrap (`bwrap`, Debian's `bubblewrap` package).
+
+What the notebook's kernel (and everything it starts) gets:
+
+- a new mount namespace whose root is empty but for: the system (`/usr`, `/etc`, read-only), the
+  Python installation (read-only), the course's code (`course_lib/`, `autograder/` at `/course`,
+  read-only, with `autograder/reference/`, the answer key, hidden under an empty folder), the job
+  (`/job`: the notebook to run, read-only), a writable `/work` (the cwd, the submission's data
+  files) and `/out` (what comes back), a private `/tmp` (tmpfs, size-capped);
+- no view of the grader's files, the sources (`solutions/`), the source cache or any other
+  submission: they are simply not mounted;
+- new pid, network (loopback only), ipc and uts namespaces; `--die-with-parent`: when the grader
+  ends the sandbox (done, or the time budget spent), every process in it dies with it, including
+  any the student detached;
+- an unprivileged user: a uid of its own (60000-60999, one per running sandbox, so that the
+  per-user process limit is per sandbox), no capabilities, no new privileges;
+- limits (`prlimit`): address space, processes, file size, CPU seconds; the outputs it returns
+  are capped by the grader when it reads them.
+
+As root, bwrap builds the namespaces and `setpriv` then drops to the sandbox's uid (root is
+needed to mount what an unprivileged user may not traverse, like a Python under `/root`); as a
+normal user, bwrap runs unprivileged in a user namespace. `available()` says why a sandbox
+cannot be had here; the grader refuses to run without one unless told `--unsafe`.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+UID_BASE, UID_COUNT = 60000, 1000
+LOCK_DIR = Path("/tmp/autograder-uids")
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 8192  # address space per process (torch maps a lot it never touches)
+    processes: int = 512  # threads count too
+    file_mb: int = 256  # the largest file a process may write
+    tmp_mb: int = 1024  # the private /tmp
+    cpu_s: int = 1800  # CPU seconds per process
+
+
+def _system_dirs() -> list[tuple[str, str]]:
+    """('ro-bind' | 'symlink', path) for the base system."""
+    out = []
+    for d in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc"):
+        p = Path(d)
+        if p.is_symlink():
+            out.append(("symlink", d))
+        elif p.is_dir():
+            out.append(("ro-bind", d))
+    return out
+
+
+def _python_dirs() -> list[str]:
+    """The interpreter and every site-packages folder the grader's own Python uses."""
+    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    for p in list(site.getsitepackages()) + [site.getusersitepackages()]:
+        if os.path.isdir(p):
+            dirs.add(os.path.realpath(p))
+    out = []
+    for d in sorted(dirs):
+        if d.startswith(("/usr/", "/etc/")) or d in ("/usr", "/etc"):
+            continue
+        if not any(d.startswith(o + os.sep) for o in out):
+            out.append(d)
+    return out
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = Path(path).parts[1:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
+    """The bwrap command line (everything before the command) for one job folder, which holds
+    `in/` (mounted read-only at /job), `work/` (/work) and `out/` (/out)."""
+    args = ["bwrap"]
+    made = set()
+    for kind, d in _system_dirs():
+        if kind == "symlink":
+            args += ["--symlink", os.readlink(d), d]
+        else:
+            args += ["--ro-bind", d, d]
+    for d in _python_dirs():
+        for a in _ancestors(d + "/x"):
+            if a not in made and not a.startswith(("/usr", "/etc")):
+                args += ["--perms", "0755", "--dir", a]
+                made.add(a)
+        args += ["--ro-bind", d, d]
+    args += ["--perms", "0755", "--dir", "/course",
+             "--ro-bind", str(ROOT / "course_lib"), "/course/course_lib",
+             "--ro-bind", str(ROOT / "autograder"), "/course/autograder"]
+    if (ROOT / "autograder" / "reference").is_dir():
+        args += ["--tmpfs", "/course/autograder/reference"]  # the answer key: not for students' eyes
+    args += ["--dev", "/dev", "--proc", "/proc",
+             "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
+             "--ro-bind", str(job / "in"), "/job",
+             "--bind", str(job / "work"), "/work",
+             "--bind", str(job / "out"), "/out",
+             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             "--die-with-parent", "--new-session", "--chdir", "/work", "--clearenv"]
+    if uid is not None and os.geteuid() == 0:
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user"]
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
+           "PYTHONPATH": "/course", "TMPDIR": "/tmp", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime",
+           "JUPYTER_DATA_DIR": "/tmp/jupyter-data", "IPYTHONDIR": "/tmp/ipython", "MPLCONFIGDIR": "/tmp/mpl",
+           "MPLBACKEND": "Agg", "COURSE_LIB_KERNEL_CACHE": "/tmp/kernels", "LANG": "C.UTF-8"}
+    for k, v in env.items():
+        args += ["--setenv", k, v]
+    return args
+
+
+def _drop_privileges(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def _prlimit(limits: Limits) -> list[str]:
+    return ["prlimit", f"--as={limits.memory_mb << 20}", f"--nproc={limits.processes}",
+            f"--fsize={limits.file_mb << 20}", f"--cpu={limits.cpu_s}", "--core=0", "--"]
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> str | None:
+    """None if a sandbox can be made here, else why not (shown to the user)."""
+    missing = [tool for tool in ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ())
+               if shutil.which(tool) is None]
+    if missing:
+        return (f"{', '.join(missing)} not found: install bubblewrap and util-linux (scripts/setup.sh does: "
+                "apt-get install bubblewrap)")
+    probe = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net",
+             "--die-with-parent"]
+    if os.geteuid() == 0:
+        probe += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"] + _drop_privileges(UID_BASE) + ["true"]
+    else:
+        probe += ["--unshare-user", "--", "true"]
+    try:
+        run = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not start a sandbox: {exc}"
+    if run.returncode != 0:
+        why = (run.stderr or run.stdout).strip().splitlines()
+        return ("bwrap cannot create namespaces here (" + (why[-1] if why else f"exit {run.returncode}") + "); "
+                "on Debian/Ubuntu enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) "
+                "or run the grader as root")
+    return None
+
+
+class UidLease:
+    """A uid no other running sandbox of this machine holds (a lock file per uid)."""
+
+    def __init__(self):
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        start = os.getpid() % UID_COUNT
+        for i in range(UID_COUNT):
+            uid = UID_BASE + (start + i) % UID_COUNT
+            f = open(LOCK_DIR / f"{uid}.lock", "w")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            self.uid, self._file = uid, f
+            return
+        raise RuntimeError(f"all {UID_COUNT} sandbox uids are in use")
+
+    def release(self):
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+        finally:
+            self._file.close()
+
+
+def prepare_job(job: Path, uid: int | None) -> None:
+    """in/ (read-only for the sandbox), work/ and out/ (writable by its uid)."""
+    for name in ("in", "work", "out"):
+        (job / name).mkdir(parents=True, exist_ok=True)
+    os.chmod(job, 0o711)
+    os.chmod(job / "in", 0o755)
+    if uid is not None and os.geteuid() == 0:
+        for name in ("work", "out"):
+            for p in [job / name, *(job / name).rglob("*")]:
+                os.chown(p, uid, uid, follow_symlinks=False)
+    for p in (job / "in").rglob("*"):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = Limits(), sandbox: bool = True,
+            env: dict | None = None) -> tuple[int | None, str]:
+    """Run `command` for a job folder, in a sandbox (or, unsafe, as a plain subprocess); kill it and
+    everything it started after `budget_s` seconds. Returns (exit status or None if killed, log tail)."""
+    lease = UidLease() if sandbox and os.geteuid() == 0 else None
+    uid = lease.uid if lease else None
+    log_path = job / "sandbox.log"
+    try:
+        if sandbox:
+            prepare_job(job, uid)
+            argv = _prlimit(limits) + bwrap_args(job, uid, limits) + ["--"]
+            if uid is not None:
+                argv += _drop_privileges(uid)
+            argv += command
+        else:
+            argv = command
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=env)
+            try:
+                rc = proc.wait(timeout=budget_s)
+            except subprocess.TimeoutExpired:
+                rc = None
+            finally:
+                _kill_group(proc)
+        return rc, _tail(log_path)
+    finally:
+        if lease:
+            lease.release()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    time.sleep(0)  # (the pid namespace goes with its first process: nothing of the job survives it)
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

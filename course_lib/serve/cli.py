@@ -1,0 +1,132 @@
+"""`python -m course_lib serve`: the engine behind an OpenAI-compatible API, with a live dashboard.
+
+    python -m course_lib serve                         # the tiny model on http://127.0.0.1:8000
+    python -m course_lib serve --open-dashboard        # ... and the lecture dashboard in a browser
+
+Every EngineConfig knob is a flag (page size, pool, seats, token budget, admission, prefix
+caching, ...). `--model PATH` serves a local Hugging Face checkpoint (Llama, Qwen2, Mistral)
+through `course_lib.from_hf`; nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m course_lib serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = p.add_argument_group("server")
+    s.add_argument("--model", default="tiny", help="'tiny' (shipped) or a local Hugging Face checkpoint folder")
+    s.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: tiny, "
+                                                             "or the folder's name)")
+    s.add_argument("--host", default="127.0.0.1", help="0.0.0.0 lets students in the room connect")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-waiting", type=int, default=None,
+                   help="refuse new requests with 429 + Retry-After while this many wait (default: no limit)")
+    s.add_argument("--no-dashboard", action="store_true", help="do not serve /dashboard")
+    s.add_argument("--open-dashboard", action="store_true", help="open /dashboard in a browser once up")
+    s.add_argument("--stream-interval-ms", type=float, default=5.0,
+                   help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
+    s.add_argument("--burst-max-tokens", type=int, default=48, help="max_tokens of the dashboard's burst requests")
+    s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    m = p.add_argument_group("model")
+    m.add_argument("--dtype", choices=DTYPES, default="float32")
+    m.add_argument("--device", default="cpu", help="cpu or cuda")
+    m.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits the tiny model)")
+    e = p.add_argument_group("engine (EngineConfig)")
+    e.add_argument("--page-size", type=int, default=16)
+    e.add_argument("--num-pages", type=int, default=None, help="KV pool pages (default: max-num-seqs requests "
+                                                               "at half of max-model-len)")
+    e.add_argument("--max-num-seqs", type=int, default=64, help="batch seats")
+    e.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step")
+    e.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    e.add_argument("--kv-layout", choices=("paged", "contiguous"), default="paged")
+    e.add_argument("--admission", choices=("none", "reserve", "watermark"), default="watermark")
+    e.add_argument("--watermark", type=float, default=0.05)
+    e.add_argument("--preemption", choices=("recompute", "fail"), default="recompute")
+    e.add_argument("--no-chunked-prefill", action="store_true")
+    e.add_argument("--prefix-caching", action="store_true")
+    e.add_argument("--attention-backend", choices=("auto", "torch", "reference", "triton", "cpu"), default="auto")
+    e.add_argument("--forward", choices=("auto", "eager", "cpu"), default="auto")
+    e.add_argument("--max-model-len", type=int, default=None, help="default: the model's context")
+    e.add_argument("--seed", type=int, default=0, help="for unseeded sampled requests")
+    e.add_argument("--record-page-owners", action="store_true", help="keep a page map per step in step_stats")
+    return p
+
+
+def engine_config_from_args(args):
+    from course_lib import EngineConfig
+
+    return EngineConfig(
+        page_size=args.page_size, num_pages=args.num_pages, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, scheduler=args.scheduler, kv_layout=args.kv_layout,
+        admission=args.admission, watermark=args.watermark, preemption=args.preemption,
+        enable_chunked_prefill=not args.no_chunked_prefill, enable_prefix_caching=args.prefix_caching,
+        attention_backend=args.attention_backend, forward=args.forward, max_model_len=args.max_model_len,
+        seed=args.seed, record_page_owners=args.record_page_owners)
+
+
+def load_model(name: str, dtype: str, device: str, max_model_len=None):
+    """(model, tokenizer, served name). A path must be a local folder: serving never downloads."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    if name == "tiny":
+        from course_lib import load_tiny
+
+        model, tokenizer = load_tiny(dtype=torch_dtype, device=device)
+        return model, tokenizer, "tiny"
+    path = Path(name)
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ValueError(f"--model must be 'tiny' or a local Hugging Face checkpoint folder with a config.json; "
+                         f"{name!r} is not one (nothing is downloaded)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from course_lib import load_hf
+
+    model, tokenizer = load_hf(str(path), dtype=torch_dtype, device=device, max_model_len=max_model_len)
+    return model, tokenizer, path.name
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.stream_interval_ms < 0:
+        parser.error(f"--stream-interval-ms must be >= 0, got {args.stream_interval_ms}")
+    for flag in ("port", "threads", "burst_max_tokens"):
+        if getattr(args, flag) < (0 if flag == "port" else 1):
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    try:
+        import uvicorn  # noqa: F401
+        import starlette  # noqa: F401
+        import prometheus_client  # noqa: F401
+    except ImportError as err:
+        parser.error(f"serving needs the 'serve' extra ({err.name} is missing): pip install -e \".[serve]\"")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from course_lib import LLMEngine
+
+    try:
+        config = engine_config_from_args(args)
+        model, tokenizer, default_name = load_model(args.model, args.dtype, args.device, args.max_model_len)
+        engine = LLMEngine(model, config)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        parser.error(str(err))
+    from .launch import serve_forever
+
+    name = args.served_model_name or default_name
+    print(f"serving {name!r} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
+          f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)
+    serve_forever(engine, tokenizer, name, host=args.host, port=args.port, max_waiting=args.max_waiting,
+                  dashboard=not args.no_dashboard, log_level=args.log_level, open_browser=args.open_dashboard,
+                  burst_max_tokens=args.burst_max_tokens, stream_interval_ms=args.stream_interval_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Start a server and stop it: for the command line, the tests and the notebook.
+
+- `serve_forever(engine, tokenizer, ...)`: what `python -m course_lib serve` runs.
+- `ServerThread`: uvicorn in a background thread of this process (tests: the engine is at hand).
+- `ServerProcess`: `python -m course_lib serve` as a subprocess (the notebook, the benchmark: the
+  server's Python threads do not compete with the caller's for one interpreter lock).
+
+Both pick a free loopback port unless told otherwise, wait (bounded) until `/health` answers,
+and stop what they started.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+from .app import build_server_state, make_app
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _uvicorn_server(app, host: str, port: int, log_level: str = "warning"):
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=3, backlog=4096)
+    return uvicorn.Server(config)
+
+
+# The engine thread and the HTTP thread share one interpreter lock. When a step's C code returns,
+# the engine thread waits for the lock until the HTTP thread yields it, by default every 5 ms: as
+# long as a whole step of the tiny model. A shorter interval hands it back sooner.
+SWITCH_INTERVAL_S = float(os.environ.get("COURSE_SERVE_SWITCH_INTERVAL", "0.0005"))
+
+
+def serve_forever(engine, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+                  max_waiting: int | None = None, dashboard: bool = True, log_level: str = "warning",
+                  open_browser: bool = False, burst_max_tokens: int = 48, stream_interval_ms: float = 5.0) -> None:
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    state = build_server_state(engine, tokenizer, model_name, max_waiting=max_waiting)
+    state.burst_max_tokens = burst_max_tokens
+    state.stream_interval_s = stream_interval_ms / 1000.0
+    server = _uvicorn_server(make_app(state, dashboard=dashboard), host, port, log_level)
+    if open_browser:
+        import webbrowser
+
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        threading.Timer(1.5, webbrowser.open, [f"http://{shown}:{port}/dashboard"]).start()
+    try:
+        server.run()
+    finally:
+        state.loop.stop()
+
+
+def wait_healthy(url: str, timeout: float, proc=None) -> None:
+    """Poll `url`/health until it answers 200; give up after `timeout` seconds (or if `proc` died)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before answering /health")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError as err:
+            last = err
+        time.sleep(0.05)
+    raise TimeoutError(f"no answer from {url}/health within {timeout:.0f} s (last error: {last})")
+
+
+class ServerThread:
+    """uvicorn serving `engine` in a background thread. Use as a context manager, or call stop()."""
+
+    def __init__(self, engine, tokenizer, model_name: str = "tiny", host: str = "127.0.0.1", port: int | None = None,
+                 max_waiting: int | None = None, dashboard: bool = True, timeout: float = 30.0):
+        self.state = build_server_state(engine, tokenizer, model_name, max_waiting=max_waiting)
+        self.host, self.port = host, port or free_port(host)
+        self.url = f"http://{self.host}:{self.port}"
+        self.server = _uvicorn_server(make_app(self.state, dashboard=dashboard), self.host, self.port)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        try:
+            wait_healthy(self.url, timeout)
+        except Exception:
+            self.stop()
+            raise
+
+    @property
+    def loop(self):
+        return self.state.loop
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.state.loop.stop()
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class ServerProcess:
+    """`python -m course_lib serve ARGS` on a free loopback port; its output goes to a log file."""
+
+    def __init__(self, args: list[str] = (), host: str = "127.0.0.1", port: int | None = None,
+                 timeout: float = 60.0, threads: int = 1):
+        self.host, self.port = host, port or free_port(host)
+        self.url = f"http://{self.host}:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="course_lib_serve_", suffix=".log", delete=False)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        cmd = [sys.executable, "-m", "course_lib", "serve", "--host", host, "--port", str(self.port),
+               "--threads", str(threads), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_healthy(self.url, timeout, self.proc)
+        except Exception as err:
+            self.stop()
+            raise RuntimeError(f"{err}\nserver log:\n{self.log_tail()}") from None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-chars:]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self.log.close()
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

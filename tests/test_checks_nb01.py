@@ -1,0 +1,146 @@
+"""Notebook 01's checks (static batching): the generated reference, course_lib's counterparts and every
+control pass on every graded seed; every mutant fails on every graded seed with a message naming the
+input, the expected and the got. Also the contiguous KV cache the cached exercise decodes over. Run times
+are printed (no timed assertion: speed is not a test)."""
+from __future__ import annotations
+
+import importlib
+import random
+import time
+
+import pytest
+import torch
+
+from autograder import fixtures
+from autograder.checks import get_check
+from autograder.controls import nb01_static_batching as controls
+from autograder.exercises import of_module
+from autograder.mutants import nb01_static_batching as mutants
+from autograder.reference import nb01_static_batching as reference
+
+EXERCISES = {e.adapter: e for e in of_module("nb01_static_batching")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _verdict(exercise, impl, seed):
+    start = time.perf_counter()
+    try:
+        get_check(exercise)(impl, seed, _allow_reference=True)
+        message = None
+    except AssertionError as e:
+        message = str(e)
+    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
+    return message
+
+
+def _cases(table):
+    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
+
+
+def _counterpart(exercise):
+    module, _, name = EXERCISES[exercise].counterpart.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_exercise_has_mutants_and_controls():
+    assert set(EXERCISES) == {"pad_batch", "static_generate", "static_generate_cached", "padding_waste"}
+    for exercise in EXERCISES:
+        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
+        assert len(controls.CONTROLS[exercise]) >= 1, exercise
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_reference_and_course_lib_pass_every_graded_seed(exercise):
+    for seed in EXERCISES[exercise].graded_seeds:
+        assert _verdict(exercise, getattr(reference, exercise), seed) is None
+        assert _verdict(exercise, _counterpart(exercise), seed) is None
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
+    check = get_check(exercise)
+    counterpart = _counterpart(exercise)
+
+    def wrapper(*args):
+        return counterpart(*args)
+
+    for impl in (counterpart, wrapper):
+        with pytest.raises(AssertionError, match="course_lib's reference"):
+            check(impl)
+
+
+@pytest.mark.parametrize("exercise, control", _cases(controls.CONTROLS),
+                         ids=[f"{e}-{c.__name__}" for e, c in _cases(controls.CONTROLS)])
+def test_every_control_passes_every_graded_seed(exercise, control):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = _verdict(exercise, control, seed)
+        assert message is None, f"{control.__name__} (correct: {control.__doc__}) failed on seed {seed}: {message}"
+
+
+@pytest.mark.parametrize("exercise, mutant", _cases(mutants.MUTANTS),
+                         ids=[f"{e}-{m.__name__}" for e, m in _cases(mutants.MUTANTS)])
+def test_every_mutant_fails_every_graded_seed(exercise, mutant):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = _verdict(exercise, mutant, seed)
+        assert message, f"{mutant.__name__} ({mutant.__doc__}) passed check_{exercise} on seed {seed}"
+        assert len(message) > 40, f"unhelpful message: {message!r}"
+        assert "internal" not in message, f"{mutant.__name__} tripped an internal guard, not a rule: {message}"
+
+
+def test_the_pass_shape_rules_name_the_rule():
+    """The no-cache loop handed in as the cached one (right tokens) fails on the decode pass's size;
+    the cached loop handed in as the no-cache baseline fails on the same rule, the other way round."""
+    cached, plain = _counterpart("static_generate_cached"), _counterpart("static_generate")
+    message = _verdict("static_generate_cached", lambda *a: plain(*a), 0)
+    assert "decode step" in message and "one new token" in message, message
+    message = _verdict("static_generate", lambda *a: cached(*a), 0)
+    assert "KV cache" in message and "NEXT exercise" in message, message
+
+
+# ------------------------------------------------------------------------------ the contiguous cache
+def test_cached_forward_equals_the_dense_model_column_by_column():
+    from course_lib.model.contiguous_cache import ContiguousKVCache
+    from course_lib.static_batching import pad_batch
+
+    model = fixtures.random_model(3)
+    prompts = fixtures.random_prompts(random.Random(3), 4, model.config.vocab_size, lo=1, hi=9)
+    ids, mask = pad_batch(prompts, 0)
+    cache = ContiguousKVCache(model, batch_size=4, max_len=ids.shape[1] + 1)
+    logits = cache.forward(model, ids, mask, (mask.long().cumsum(1) - 1).clamp(min=0))
+    for row, prompt in enumerate(prompts):
+        alone = model.dense_logits([prompt])[0]
+        assert torch.allclose(logits[row, -len(prompt):], alone, atol=1e-10), f"row {row}"
+    assert cache.length == ids.shape[1]
+    assert cache.num_bytes == 2 * model.config.num_layers * 4 * (ids.shape[1] + 1) * 2 * model.config.head_dim * 8
+
+
+def test_cache_refuses_a_pass_it_cannot_hold_or_a_shrunk_batch():
+    from course_lib.model.contiguous_cache import ContiguousKVCache
+
+    model = fixtures.random_model(0)
+    cache = ContiguousKVCache(model, batch_size=2, max_len=3)
+    ones = torch.ones(2, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="reserves 3 columns"):
+        cache.forward(model, torch.ones(2, 4, dtype=torch.long), ones, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="holds 2 rows"):
+        cache.forward(model, torch.ones(1, 1, dtype=torch.long), ones[:1, :1], torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_len"):
+        ContiguousKVCache(model, batch_size=2, max_len=0)
+
+
+def test_course_lib_pieces_refuse_bad_input():
+    from course_lib.static_batching import pad_batch, padding_waste
+
+    with pytest.raises(ValueError, match="at least one prompt"):
+        pad_batch([], 0)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        pad_batch([[3], []], 0)
+    with pytest.raises(ValueError, match="3 prompt lengths and 2 output lengths"):
+        padding_waste([1, 2, 3], [1, 2])

@@ -1,0 +1,128 @@
+"""Notebook 02's checks (continuous batching): the generated reference, course_lib's counterparts and
+every control pass on every graded seed; every mutant fails on every graded seed with a message naming
+the input, the expected and the got; handing in course_lib (or a thin wrapper of it) is refused. Run
+times are printed (no timed assertion: speed is not a test)."""
+from __future__ import annotations
+
+import importlib
+import time
+
+import pytest
+import torch
+
+from autograder.checks import get_check
+from autograder.controls import nb02_continuous_batching as controls
+from autograder.exercises import of_module
+from autograder.mutants import nb02_continuous_batching as mutants
+from autograder.reference import nb02_continuous_batching as reference
+
+EXERCISES = {e.adapter: e for e in of_module("nb02_continuous_batching")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _verdict(exercise, impl, seed):
+    start = time.perf_counter()
+    try:
+        get_check(exercise)(impl, seed, _allow_reference=True)
+        message = None
+    except AssertionError as e:
+        message = str(e)
+    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
+    return message
+
+
+def _cases(table):
+    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
+
+
+def _counterpart(exercise):
+    module, _, name = EXERCISES[exercise].counterpart.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_exercise_has_mutants_and_controls():
+    assert set(EXERCISES) == {"StudentScheduler", "mean_batch_occupancy", "budget_sweep"}
+    for exercise in EXERCISES:
+        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
+        assert len(controls.CONTROLS[exercise]) >= 1, exercise
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_reference_and_course_lib_pass_every_graded_seed(exercise):
+    for seed in EXERCISES[exercise].graded_seeds:
+        assert _verdict(exercise, getattr(reference, exercise), seed) is None
+        assert _verdict(exercise, _counterpart(exercise), seed) is None
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
+    check = get_check(exercise)
+    counterpart = _counterpart(exercise)
+    if isinstance(counterpart, type):
+        wrapper = type("Wrapper", (counterpart,), {})
+    else:
+        def wrapper(*args):
+            return counterpart(*args)
+    for impl in (counterpart, wrapper):
+        with pytest.raises(AssertionError, match="course_lib's reference"):
+            check(impl)
+
+
+@pytest.mark.parametrize("exercise, control", _cases(controls.CONTROLS),
+                         ids=[f"{e}-{c.__name__}" for e, c in _cases(controls.CONTROLS)])
+def test_every_control_passes_every_graded_seed(exercise, control):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = _verdict(exercise, control, seed)
+        assert message is None, f"{control.__name__} (correct: {control.__doc__}) failed on seed {seed}: {message}"
+
+
+@pytest.mark.parametrize("exercise, mutant", _cases(mutants.MUTANTS),
+                         ids=[f"{e}-{m.__name__}" for e, m in _cases(mutants.MUTANTS)])
+def test_every_mutant_fails_every_graded_seed(exercise, mutant):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = _verdict(exercise, mutant, seed)
+        assert message, f"{mutant.__name__} ({mutant.__doc__}) passed check_{exercise} on seed {seed}"
+        assert len(message) > 40, f"unhelpful message: {message!r}"
+        assert "internal" not in message, f"{mutant.__name__} tripped an internal guard, not a rule: {message}"
+
+
+# The rules the notebook states, each pinned to the mutant that breaks it alone and the words of the
+# message that names it (the docs table in docs/exercises/nb02_continuous_batching.md lists the same).
+RULE_MESSAGES = {
+    "AdmitsAfterPreempting": "no admission in a step that preempted",
+    "SkipsRefusedHead": "first come, first served",
+    "IgnoresTokenBudget": "max_num_batched_tokens",
+    "ChunksBelowTheBudget": "budget used up before",
+    "AlwaysChunks": "enable_chunked_prefill is False",
+    "BigPromptWaitsForever": "still unfinished",
+    "IgnoresPrefixCache": "served from the cache",
+    "PendingCountsCachedTokens": "not pending any more",
+    "EntryBeforeAdmitting": "build the entry after admitting",
+    "AdmitsBeforeRunning": "served first",
+    "OneAdmissionPerStep": "every free seat in the same step",
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(RULE_MESSAGES))
+def test_each_scheduler_rule_is_named_by_its_message(mutant):
+    message = _verdict("StudentScheduler", getattr(mutants, mutant), 0)
+    assert message and RULE_MESSAGES[mutant] in message, message
+
+
+def test_the_sweep_rows_are_the_simulated_clock_s_exact_numbers():
+    """The counterpart measured twice gives the same rows, and a small and a big budget show the trade."""
+    from course_lib.sim.token_budget import budget_sweep
+    from course_lib.sim.workload import LengthDist, open_loop
+
+    specs = open_loop(30, 30.0, prompt_dist=LengthDist.uniform(200, 900), output_dist=LengthDist.uniform(4, 30), seed=1)
+    first, again = budget_sweep([32, 2048], specs), budget_sweep([32, 2048], specs)
+    assert first == again
+    small, big = first
+    assert small["ttft_p50_ms"] > big["ttft_p50_ms"] and small["itl_p99_ms"] < big["itl_p99_ms"], first

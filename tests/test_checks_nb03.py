@@ -1,0 +1,126 @@
+"""Notebook 03's checks (paged KV): the generated reference, course_lib's counterparts and
+every control pass on every graded seed; every mutant fails on every graded seed with a message naming
+the input, the expected and the got; handing in course_lib (or a thin wrapper of it) is refused. Run
+times are printed (no timed assertion: speed is not a test)."""
+from __future__ import annotations
+
+import importlib
+import time
+
+import pytest
+import torch
+
+from autograder.checks import get_check
+from autograder.controls import nb03_paged_kv as controls
+from autograder.exercises import of_module
+from autograder.mutants import nb03_paged_kv as mutants
+from autograder.reference import nb03_paged_kv as reference
+
+EXERCISES = {e.adapter: e for e in of_module("nb03_paged_kv")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _verdict(exercise, impl, seed):
+    start = time.perf_counter()
+    try:
+        get_check(exercise)(impl, seed, _allow_reference=True)
+        message = None
+    except AssertionError as e:
+        message = str(e)
+    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
+    return message
+
+
+def _cases(table):
+    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
+
+
+def _counterpart(exercise):
+    module, _, name = EXERCISES[exercise].counterpart.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_exercise_has_mutants_and_controls():
+    assert set(EXERCISES) >= {"StudentBlockPool", "slot_mapping", "paged_waste", "contiguous_waste"}
+    for exercise in EXERCISES:
+        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
+        assert len(controls.CONTROLS[exercise]) >= 1, exercise
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_reference_and_course_lib_pass_every_graded_seed(exercise):
+    for seed in EXERCISES[exercise].graded_seeds:
+        assert _verdict(exercise, getattr(reference, exercise), seed) is None
+        assert _verdict(exercise, _counterpart(exercise), seed) is None
+
+
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
+    check = get_check(exercise)
+    counterpart = _counterpart(exercise)
+    if isinstance(counterpart, type):
+        wrapper = type("Wrapper", (counterpart,), {})
+    else:
+        def wrapper(*args):
+            return counterpart(*args)
+    for impl in (counterpart, wrapper):
+        with pytest.raises(AssertionError, match="course_lib's reference"):
+            check(impl)
+
+
+@pytest.mark.parametrize("exercise, control", _cases(controls.CONTROLS),
+                         ids=[f"{e}-{c.__name__}" for e, c in _cases(controls.CONTROLS)])
+def test_every_control_passes_every_graded_seed(exercise, control):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = _verdict(exercise, control, seed)
+        assert message is None, f"{control.__name__} (correct: {control.__doc__}) failed on seed {seed}: {message}"
+
+
+@pytest.mark.parametrize("exercise, mutant", _cases(mutants.MUTANTS),
+                         ids=[f"{e}-{m.__name__}" for e, m in _cases(mutants.MUTANTS)])
+def test_every_mutant_fails_every_graded_seed(exercise, mutant):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = _verdict(exercise, mutant, seed)
+        assert message, f"{mutant.__name__} ({mutant.__doc__}) passed check_{exercise} on seed {seed}"
+        assert len(message) > 40, f"unhelpful message: {message!r}"
+        assert "internal" not in message, f"{mutant.__name__} tripped an internal guard, not a rule: {message}"
+
+
+# The pool's rules about the prefix cache's hooks (and two older ones), each pinned to the mutant that
+# breaks it alone and the words of the message that names it.
+RULE_MESSAGES = {
+    "NeverEvicts": "once for each cached page handed out",
+    "EvictsEveryPage": "only for pages whose contents are cached",
+    "EvictsOnFree": "keeps its contents when its last owner frees it",
+    "SharedFreePageStaysCached": "hits the cached page",
+    "PartialAllocation": "unchanged",
+    "NoDoubleFreeCheck": "double free",
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(RULE_MESSAGES))
+def test_each_pool_rule_is_named_by_its_message(mutant):
+    message = _verdict("StudentBlockPool", getattr(mutants, mutant), 0)
+    assert message and RULE_MESSAGES[mutant] in message, message
+
+
+def test_the_page_grid_shows_the_chosen_moments():
+    """viz.page_grid draws one panel per moment, titled with the step and the pages in use."""
+    from autograder import fixtures
+    from course_lib import EngineConfig, LLMEngine, SamplingParams, viz
+
+    engine = LLMEngine(fixtures.random_model(0), EngineConfig(page_size=4, num_pages=12, max_num_seqs=3,
+                                                              admission="none", record_page_owners=True))
+    engine.generate([[5, 6, 7], [8, 9, 10, 11, 12], [13] * 9, [14, 15]], SamplingParams(max_tokens=6))
+    fig = viz.page_grid(engine.step_stats, num_moments=3)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 3 and all(t.startswith("step ") and "/12 pages" in t for t in titles), titles
+    with pytest.raises(ValueError, match="record_page_owners"):
+        viz.page_grid(LLMEngine(fixtures.random_model(0), EngineConfig()).step_stats)
