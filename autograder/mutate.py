@@ -11,8 +11,8 @@ fresh module and graded by the exercise's check on every graded seed (`Exercise.
 - **killed**: the check failed on some seed (or the mutant crashed, or ran past the time limit);
 - **survived**: it passed every seed. A survivor is either a gap in the check, or *equivalent*
   (it computes the same thing, e.g. `<` -> `!=` on a counter that only grows). Equivalent
-  survivors are listed, each with a one-line reason, in `autograder/mutation_equivalents.json`
-  and reported apart; the goal is >= 95% of the others killed for every exercise.
+  survivors are listed, each with a one-line reason, in
+  `autograder/mutation_equivalents/<notebook module>.json` (one file per notebook) and reported apart; the goal is >= 95% of the others killed for every exercise.
 
 Mutants run in worker processes (`--jobs`, default: the cores) that import torch once and
 are killed by a per-mutant alarm (`--timeout`), so an infinite loop costs one timeout.
@@ -34,7 +34,7 @@ from pathlib import Path
 from .exercises import BY_ADAPTER, EXERCISES, Exercise
 
 HERE = Path(__file__).resolve().parent
-EQUIVALENTS = HERE / "mutation_equivalents.json"
+EQUIVALENTS = HERE / "mutation_equivalents"  # one JSON list of {"key", "reason"} per notebook module
 DEFAULT_TIMEOUT = 30.0
 # Operators that take arguments (variable replacer / inserter) need a hand-picked pair of names
 # per site; the argument-free core operators cover the realistic slips.
@@ -156,10 +156,10 @@ def _worker_init():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    return {e["key"]: e["reason"] for e in json.loads(path.read_text(encoding="utf-8"))}
+def load_equivalents(folder: Path = EQUIVALENTS) -> dict[str, str]:
+    """Every survivor judged equivalent, by mutant key, from all the notebooks' files."""
+    return {e["key"]: e["reason"] for path in sorted(folder.glob("*.json"))
+            for e in json.loads(path.read_text(encoding="utf-8"))}
 
 
 def run(exercises: list[Exercise], jobs: int, timeout: float, progress: bool = True) -> list[Outcome]:
