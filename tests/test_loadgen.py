@@ -123,3 +123,51 @@ def test_load_command_refuses_bad_flags(capsys):
         with pytest.raises(SystemExit):
             load_main(["--url", "http://127.0.0.1:9"] + argv)
         assert needle in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ prediction
+def test_fit_points_recovers_overhead_and_peak():
+    from course_lib.loadgen.predict import fit_points
+    from course_lib.sim.hardware import ModelShape
+
+    shape = ModelShape.from_config(load_tiny()[0].config)
+    overhead, peak = 2e-4, 5e9
+    points = [(flops, overhead + flops / peak) for flops in (1e6, 4e6, 3e7, 8e8)]
+    fitted = fit_points(points, shape)
+    assert fitted.overhead_s == pytest.approx(overhead, rel=1e-6)
+    assert fitted.peak_flops == pytest.approx(peak, rel=1e-6)
+    with pytest.raises(ValueError, match="two FLOP counts"):
+        fit_points([(1e6, 1e-3), (1e6, 2e-3)], shape)
+
+
+def test_simulate_takes_a_ready_clock():
+    from course_lib.sim.clock import SimulatedClock
+    from course_lib.sim.hardware import GPUSpec
+    from course_lib.sim.simulate import simulate
+
+    clock = SimulatedClock(GPUSpec("slow chip", 1e12, 1e11, 0), "llama-3-8b", overhead_s=0.01)
+    result = simulate(EngineConfig(max_num_seqs=4), ClosedLoopUsers(2, 6, seed=0, **SHORT), clock=clock,
+                      progress=False)
+    assert result.engine.clock is clock
+    assert result.summary["sim_time_s"] == pytest.approx(clock.now())
+    assert clock.now() >= 0.01 * len(result.steps)  # every step paid the overhead given
+    assert result.config["clock"] == "SimulatedClock" and result.config["gpu"] == "slow chip"
+
+
+def test_prediction_serves_the_load_workload_on_the_fitted_clock():
+    from course_lib.loadgen.predict import fit_cpu, predict
+
+    model, _ = load_tiny()
+    config = EngineConfig(max_num_seqs=8)
+    fitted = fit_cpu(model, config, batch_sizes=(1, 8), steps=3)
+    assert fitted.overhead_s >= 0 and fitted.peak_flops > 0 and fitted.max_model_len == 256
+    workload = ClosedLoopUsers(4, 12, seed=3, prompt_dist=LengthDist.uniform(200, 400), output_dist=SHORT["output_dist"])
+    result = predict(config, workload, fitted)
+    summary = result.summary
+    assert summary["requests_completed"] == 12 and summary["requests_failed"] == 0
+    assert result.engine.max_model_len == 256  # the server's context: long prompts are clipped as it clips them
+    assert summary["output_tokens"] == sum(s.output_len for s in result.specs)
+    assert max(s.prompt_len for s in result.specs) == 255
+    # Every step is priced by the fitted line, nothing else.
+    step = result.steps[0]
+    assert step.end_time - step.start_time == pytest.approx(fitted.step_time(step))

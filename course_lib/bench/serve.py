@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=64, help="answer length of every request (ignore_eos)")
     p.add_argument("--repeats", type=int, default=2, help="alternating runs of each side; the best is compared")
+    p.add_argument("--stream-interval-ms", type=float, default=None,
+                   help="the server's --stream-interval-ms (default: the server's default)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for flag in ("streams", "requests", "max_tokens", "repeats"):
@@ -107,7 +109,10 @@ def main(argv=None) -> int:
     prompts = make_prompts(tokenizer, args.requests, args.seed)
     config = EngineConfig(max_num_seqs=args.streams)
     in_process(model, config, prompts[:8], 8)  # warm up: kernels built, caches hot
-    server = ServerProcess(["--max-num-seqs", str(args.streams)])
+    server_args = ["--max-num-seqs", str(args.streams)]
+    if args.stream_interval_ms is not None:
+        server_args += ["--stream-interval-ms", str(args.stream_interval_ms)]
+    server = ServerProcess(server_args)
     try:
         asyncio.run(over_http(server.url, prompts[:8], 8, 8))
         local, remote = [], []

@@ -74,6 +74,9 @@ class Renderer:
                      f'"model":{json.dumps(self.model)},"choices":[')
 
     def chunk(self, text: str | None, reason: str | None, token_ids=None, first=False) -> bytes:
+        if self.kind == "completion" and reason is None and token_ids is None:  # the common chunk, by hand
+            return b"data: " + (self.head + '{"index":0,"text":' + json.dumps(text or "")
+                                + ',"logprobs":null,"finish_reason":null}]}').encode() + b"\n\n"
         if self.kind == "completion":
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
         else:

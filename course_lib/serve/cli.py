@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stream-interval-ms", type=float, default=5.0,
                    help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
     s.add_argument("--burst-max-tokens", type=int, default=48, help="max_tokens of the dashboard's burst requests")
+    s.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                   help="stop when process PID stops being this server's parent (it died): what a notebook sets")
     s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     m = p.add_argument_group("model")
     m.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -117,8 +119,10 @@ def main(argv=None) -> int:
         engine = LLMEngine(model, config)
     except (ValueError, FileNotFoundError, ImportError) as err:
         parser.error(str(err))
-    from .launch import serve_forever
+    from .launch import serve_forever, watch_parent
 
+    if args.parent_pid is not None:
+        watch_parent(args.parent_pid)
     name = args.served_model_name or default_name
     print(f"serving {name!r} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)

@@ -10,7 +10,9 @@ and stop what they started.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -111,6 +113,27 @@ class ServerThread:
         self.stop()
 
 
+def watch_parent(parent_pid: int, interval_s: float = 0.5, grace_s: float = 10.0) -> threading.Thread:
+    """Stop this process (SIGTERM: uvicorn shuts down cleanly) once `parent_pid` is no longer its
+    parent: the parent died, however it died (a notebook kernel killed with SIGKILL runs no atexit),
+    and the orphan was handed to init. If the clean stop hangs, exit anyway after `grace_s`.
+
+    Polling the parent id, not a death signal from the kernel (prctl PR_SET_PDEATHSIG): that one
+    fires when the *thread* that started the server ends, and arming it needs code between fork
+    and exec, which is unsafe in a process with threads (a Jupyter kernel has several)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 class ServerProcess:
     """`python -m course_lib serve ARGS` on a free loopback port; its output goes to a log file."""
 
@@ -121,8 +144,11 @@ class ServerProcess:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="course_lib_serve_", suffix=".log", delete=False)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         cmd = [sys.executable, "-m", "course_lib", "serve", "--host", host, "--port", str(self.port),
-               "--threads", str(threads), *args]
+               "--threads", str(threads), "--parent-pid", str(os.getpid()), *args]
+        # A kernel that exits stops its server (atexit); one that is killed, the server notices
+        # (--parent-pid): either way no server outlives the notebook that started it.
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        atexit.register(self.stop)
         try:
             wait_healthy(self.url, timeout, self.proc)
         except Exception as err:
@@ -134,7 +160,14 @@ class ServerProcess:
         with open(self.log.name) as f:
             return f.read()[-chars:]
 
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
     def stop(self, timeout: float = 10.0) -> None:
+        if self.log.closed:
+            return  # stopped already
+        atexit.unregister(self.stop)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -19,7 +19,9 @@ Two runners:
 Two clocks: `"simulated"` (roofline cost of each step on `gpu` for a model of `model_shape`:
 deterministic, a GPU you don't have; the default shape is Llama-3-8B for the scripted runner
 and the served model's own shape for the model runner) and `"wall"` (what this machine did;
-idle gaps of an open-loop trace are skipped, not slept).
+idle gaps of an open-loop trace are skipped, not slept). Or a ready clock object (anything with
+`now` / `charge` / `wait_until`, e.g. a `SimulatedClock` on a fitted spec and step overhead:
+`course_lib.loadgen.predict`).
 
 Fitting requests to the engine (documented, counted in `requests_clipped`): a prompt longer
 than `max_model_len - 1` is cut to `max_model_len - 1` tokens, an output length is cut to the
@@ -143,6 +145,8 @@ def make_engine_config(
 
 
 def make_clock(clock: str, gpu: str = "H100", model_shape: str = "llama-3-8b"):
+    if not isinstance(clock, str):
+        return clock  # a ready clock (now / charge / wait_until), e.g. SimulatedClock(..., overhead_s=...)
     if clock == "simulated":
         return SimulatedClock(gpu, model_shape)
     if clock == "wall":
@@ -167,7 +171,7 @@ def simulate(
     workload: ClosedLoopUsers | Sequence[RequestSpec],
     *,
     runner: str = "scripted",
-    clock: str = "simulated",
+    clock="simulated",  # "simulated", "wall", or a ready clock object
     gpu: str = "H100",
     model_shape=None,
     model=None,
@@ -189,7 +193,7 @@ def simulate(
         raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if clock not in CLOCKS:
+    if isinstance(clock, str) and clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     wall_start = time.perf_counter()
     if runner == "model" and model is None:
@@ -330,8 +334,8 @@ def simulate(
     config = {
         "label": label,
         "runner": runner,
-        "clock": clock,
-        "gpu": gpu if clock == "simulated" else None,
+        "clock": clock if isinstance(clock, str) else type(clock).__name__,
+        "gpu": gpu if clock == "simulated" else getattr(getattr(the_clock, "gpu", None), "name", None),
         "model_shape": getattr(model_shape, "name", model_shape) if clock == "simulated" else None,
         "workload": _describe_workload(workload),
         "max_tokens": max_tokens,
