@@ -88,6 +88,8 @@ EXERCISES: list[Exercise] = [
       "page_keys(token_ids, page_size) -> list of hashable keys, one per full page"),
     E("nb06_prefix_caching", "StudentPrefixCache", 4, "course_lib.kv.prefix_cache:PrefixCache",
       "class StudentPrefixCache(pool): lookup / register / evict / is_cached / counters", hidden_seeds=(1,)),
+    E("nb07_admission_control", "StudentRecompute", 3, "course_lib.scheduler.continuous:ContinuousScheduler",
+      "class StudentRecompute(ContinuousScheduler): choose_victim() -> Request, preempt(request) -> None"),
     E("nb07_admission_control", "StudentWatermark", 3, "course_lib.scheduler.admission:WatermarkAdmission",
       "class StudentWatermark(watermark): can_admit(request, num_new_tokens, cached_pages, kv, running) -> bool"),
     E("nb07_admission_control", "preemption_report", 2, "course_lib.sim.preemption:preemption_report",

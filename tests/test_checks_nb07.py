@@ -3,10 +3,12 @@ course_lib's counterparts and every control pass on every graded seed; every mut
 wrong. Run times are printed (no timed assertion: speed is not a test)."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
+from autograder._checking import REFERENCE_MESSAGE
 from autograder.checks import get_check
 from autograder.controls import nb07_admission_control as controls
 from autograder.exercises import of_module
@@ -50,6 +52,22 @@ def test_course_lib_counterparts_pass():
     for exercise, impl in (("StudentWatermark", WatermarkAdmission), ("preemption_report", preemption_report)):
         for seed in EXERCISES[exercise].graded_seeds:
             assert _verdict(exercise, impl, seed) is None
+
+
+def test_handing_in_course_lib_preemption_is_refused():
+    """course_lib's scheduler as it is, or a subclass whose hooks only call course_lib's, gets no credit."""
+    from course_lib.scheduler.continuous import ContinuousScheduler
+
+    class Delegating(ContinuousScheduler):
+        def choose_victim(self):
+            return super().choose_victim()
+
+        def preempt(self, request):
+            super().preempt(request)
+
+    for impl in (ContinuousScheduler, Delegating):
+        with pytest.raises(AssertionError, match=re.escape(REFERENCE_MESSAGE)):
+            get_check("StudentRecompute")(impl, 0)
 
 
 @pytest.mark.parametrize("exercise, control", _cases(controls.CONTROLS),

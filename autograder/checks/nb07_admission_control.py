@@ -536,7 +536,8 @@ def check_StudentRecompute(impl, seed, allow_reference):
     for name in ("choose_victim", "preempt"):
         owner = next((k for k in impl.__mro__ if name in vars(k)), None)
         expect(owner not in (None, *_scheduler_classes()),
-               f"{RECOMPUTE} must define its own {name} (it still inherits course_lib's)")
+               f"{RECOMPUTE} {REFERENCE_MESSAGE} (its {name} is still course_lib's "
+               f"{getattr(owner, '__name__', '?')}.{name}: define your own in the class)")
     with _reference_hooks_forbidden(not allow_reference):
         _recompute_unit(impl, seed)
     _recompute_engine(impl, seed, allow_reference)

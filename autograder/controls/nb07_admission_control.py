@@ -104,5 +104,5 @@ CONTROLS = {
     "StudentWatermark": [WatermarkInWholePages, WatermarkAsPagesKept],
     "preemption_report": [report_one_pass, report_with_counter],
     "break_it_config": [break_it_many_users, break_it_small_pool],
-    # "StudentRecompute": registered once the engine's preemption hooks are merged (issue 13)
+    "StudentRecompute": [RecomputeByAdmitSeq, RecomputeWalkingBack],
 }

@@ -164,6 +164,14 @@ class VictimOldest(_Recompute):
         return self.running[0]
 
 
+class VictimLeastWork(_Recompute):
+    """Preempts the request with the fewest computed tokens ("it loses the least"): not the youngest, and in a
+    step possibly one the scheduler has already scheduled, which the engine refuses."""
+
+    def choose_victim(self):
+        return min(self.running, key=lambda r: r.num_computed_tokens)
+
+
 class VictimLargest(_Recompute):
     """Preempts the request holding the most pages (frees the most at once, but breaks first come, first served)."""
 
@@ -252,5 +260,6 @@ MUTANTS = {
                           report_finished_only, report_skips_failed],
     "break_it_config": [break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
                         break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
-    # "StudentRecompute": registered once the engine's preemption hooks are merged (issue 13)
+    "StudentRecompute": [VictimOldest, VictimLargest, VictimLeastWork, RequeueAtBack, KeepsProgress, NeverFreesPages,
+                         FreesPoolNotManager, RestartsAnswer, CountsItself, RebindsQueues, StatusStillRunning],
 }

@@ -2,7 +2,24 @@
 scripts/extract_references.py: do not edit; edit the notebook's solution cells."""
 
 
+from course_lib.scheduler.continuous import ContinuousScheduler
+from course_lib.scheduler.request import RequestStatus
 
+
+class StudentRecompute(ContinuousScheduler):
+    """course_lib's continuous scheduler, with your preemption by recompute."""
+
+    def choose_victim(self):
+        """The running request that gives its pages back when the pool is full."""
+        return self.running[-1]  # admission order: the youngest is last
+
+    def preempt(self, request) -> None:
+        """Give back every page of `request` and requeue it, to be recomputed from its prompt and output."""
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
 
 
 class StudentWatermark:
