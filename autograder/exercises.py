@@ -74,6 +74,8 @@ EXERCISES: list[Exercise] = [
       cell="kv_waste_tests"),
     E("nb03_paged_kv", "contiguous_waste", 1, "course_lib.kv.waste:contiguous_waste",
       "contiguous_waste(lens, max_len) -> int", cell="kv_waste_tests"),
+    E("nb03_paged_kv", "build_flat_batch", 4, "course_lib.runner_batch:build_flat_batch",
+      "build_flat_batch(output, page_size, device, pad_slot) -> FlatBatch"),
     E("nb04_paged_attention", "paged_attention_loops", 3, "course_lib.attention.reference:paged_decode_reference",
       "paged_attention_loops(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out"),
     E("nb04_paged_attention", "paged_attention_vectorized", 3, "course_lib.attention.torch_paged:paged_decode_torch",

@@ -52,6 +52,8 @@ def course_lib_reference(exercise):
         from course_lib.kv.prefix_cache import PrefixCache as impl
     elif exercise == "StudentWatermark":
         from course_lib.scheduler.admission import WatermarkAdmission as impl
+    elif exercise == "build_flat_batch":
+        from course_lib.runner_batch import build_flat_batch as impl
     else:
         return None
     return impl

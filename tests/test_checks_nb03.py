@@ -48,7 +48,7 @@ def _counterpart(exercise):
 
 
 def test_every_exercise_has_mutants_and_controls():
-    assert set(EXERCISES) >= {"StudentBlockPool", "slot_mapping", "paged_waste", "contiguous_waste"}
+    assert set(EXERCISES) >= {"StudentBlockPool", "slot_mapping", "paged_waste", "contiguous_waste", "build_flat_batch"}
     for exercise in EXERCISES:
         assert len(mutants.MUTANTS[exercise]) >= 3, exercise
         assert len(controls.CONTROLS[exercise]) >= 1, exercise
@@ -109,6 +109,40 @@ RULE_MESSAGES = {
 def test_each_pool_rule_is_named_by_its_message(mutant):
     message = _verdict("StudentBlockPool", getattr(mutants, mutant), 0)
     assert message and RULE_MESSAGES[mutant] in message, message
+
+
+# The flat batch's rules, each pinned to the mutant that breaks it alone and the words of its message.
+FLAT_BATCH_MESSAGES = {
+    "flat_positions_off_by_one": "Off by one",
+    "flat_positions_from_zero": "not 0",
+    "flat_slot_from_logical_page": "Those are token positions",
+    "flat_query_start_loc_missing_last": "one offset more than there are sequences",
+    "flat_seq_lens_new_tokens": "not only the new ones",
+    "flat_seq_lens_context_only": "start + num_new_tokens",
+    "flat_prefills_first": "in the order of output.scheduled",
+    "flat_padding_writes_slot_zero": "pad_slot",
+    "flat_padding_without_sequences": "sequence of its own",
+    "flat_block_tables_int64": "expected torch.int32",
+    "flat_block_tables_column_major": "not contiguous",
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(FLAT_BATCH_MESSAGES))
+def test_each_flat_batch_rule_is_named_by_its_message(mutant):
+    message = _verdict("build_flat_batch", getattr(mutants, mutant), 0)
+    assert message and FLAT_BATCH_MESSAGES[mutant] in message, message
+
+
+def test_the_flat_batch_check_refuses_the_request_slots_helper():
+    """ScheduledRequest.slots is course_lib's slot map: the student's builder computes its own."""
+    def uses_request_slots(output, page_size, device="cpu", pad_slot=0):
+        batch = reference.build_flat_batch(output, page_size, device, pad_slot)
+        batch.slot_mapping = torch.tensor([pad_slot] * output.num_padded_tokens
+                                          + [x for s in output.scheduled for x in s.slots(page_size)])
+        return batch
+
+    with pytest.raises(AssertionError, match="it calls course_lib.scheduler.output.slots"):
+        get_check("build_flat_batch")(uses_request_slots)
 
 
 def test_the_page_grid_shows_the_chosen_moments():

@@ -19,7 +19,7 @@ E2E = {
     "nb00_setup": ("kv_bytes_per_token", "kv_uses_num_heads"),
     "nb01_static_batching": ("padding_waste", "padding_waste_decodes_max_steps"),
     "nb02_continuous_batching": ("mean_batch_occupancy", "occupancy_unweighted"),
-    "nb03_paged_kv": ("slot_mapping", "slots_drop_last"),
+    "nb03_paged_kv": ("paged_waste", "paged_waste_extra_page"),  # build_flat_batch calls slot_mapping
     "nb04_paged_attention": ("paged_attention_vectorized", "vectorized_repeat_not_interleave"),
     "nb05_hundred_users": ("latency_summary", "summary_nearest_rank"),
     "nb06_prefix_caching": ("page_keys", "keys_not_chained"),

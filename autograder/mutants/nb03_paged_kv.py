@@ -1,5 +1,8 @@
 """Realistic wrong answers for notebook 03 (paged KV). Self-contained: no autograder imports."""
+import torch
+
 from course_lib.kv.block_pool import OutOfPages
+from course_lib.runner_batch import FlatBatch
 
 
 class _Pool:
@@ -213,6 +216,119 @@ def contiguous_waste_off_by_one(num_tokens_per_request, max_len):
     return sum(max_len - n - 1 for n in num_tokens_per_request)
 
 
+def _flat_lists(output, page_size, pad_slot):
+    """A correct flat batch as plain lists; each mutant below breaks one rule of it."""
+    pad = output.num_padded_tokens
+    rows = {"token_ids": [0] * pad, "positions": [0] * pad, "slot_mapping": [pad_slot] * pad,
+            "block_tables": [[pad_slot // page_size] for _ in range(pad)], "seq_lens": [1] * pad,
+            "query_start_loc": list(range(pad + 1))}
+    for s in output.scheduled:
+        rows["token_ids"] += s.token_ids
+        rows["positions"] += list(range(s.start, s.start + s.num_new_tokens))
+        rows["slot_mapping"] += [s.page_ids[p // page_size] * page_size + p % page_size
+                                 for p in range(s.start, s.start + s.num_new_tokens)]
+        rows["block_tables"].append(list(s.page_ids))
+        rows["seq_lens"].append(s.start + s.num_new_tokens)
+        rows["query_start_loc"].append(rows["query_start_loc"][-1] + s.num_new_tokens)
+    return rows
+
+
+def _flat_tensors(rows, device, block_dtype=torch.int32):
+    width = max(len(t) for t in rows["block_tables"])
+    tables = [t + [0] * (width - len(t)) for t in rows["block_tables"]]
+    long, i32 = torch.long, torch.int32
+    return FlatBatch(token_ids=torch.tensor(rows["token_ids"], dtype=long, device=device),
+                     positions=torch.tensor(rows["positions"], dtype=long, device=device),
+                     slot_mapping=torch.tensor(rows["slot_mapping"], dtype=long, device=device),
+                     block_tables=torch.tensor(tables, dtype=block_dtype, device=device),
+                     seq_lens=torch.tensor(rows["seq_lens"], dtype=i32, device=device),
+                     query_start_loc=torch.tensor(rows["query_start_loc"], dtype=i32, device=device))
+
+
+def flat_positions_off_by_one(output, page_size, device="cpu", pad_slot=0):
+    """Positions start at start + 1 (the first new token is taken to follow the cached ones)."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    pad = output.num_padded_tokens
+    rows["positions"] = rows["positions"][:pad] + [p + 1 for p in rows["positions"][pad:]]
+    return _flat_tensors(rows, device)
+
+
+def flat_positions_from_zero(output, page_size, device="cpu", pad_slot=0):
+    """Every entry's positions count from 0, ignoring start (later chunks and prefix-cache hits)."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    rows["positions"] = [0] * output.num_padded_tokens + [i for s in output.scheduled for i in range(s.num_new_tokens)]
+    return _flat_tensors(rows, device)
+
+
+def flat_slot_from_logical_page(output, page_size, device="cpu", pad_slot=0):
+    """The slot of a position is computed from its logical page (its index in the table), not the page id."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    pad = output.num_padded_tokens
+    rows["slot_mapping"] = rows["slot_mapping"][:pad] + [(p // page_size) * page_size + p % page_size
+                                                         for p in rows["positions"][pad:]]
+    return _flat_tensors(rows, device)
+
+
+def flat_query_start_loc_missing_last(output, page_size, device="cpu", pad_slot=0):
+    """query_start_loc holds each sequence's first row only: the final offset (the number of rows) is missing."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    rows["query_start_loc"] = rows["query_start_loc"][:-1]
+    return _flat_tensors(rows, device)
+
+
+def flat_seq_lens_new_tokens(output, page_size, device="cpu", pad_slot=0):
+    """seq_lens counts only the new tokens of the step, not the ones already in the cache."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    rows["seq_lens"] = [1] * output.num_padded_tokens + [s.num_new_tokens for s in output.scheduled]
+    return _flat_tensors(rows, device)
+
+
+def flat_seq_lens_context_only(output, page_size, device="cpu", pad_slot=0):
+    """seq_lens counts the tokens cached before the step (start), forgetting the new ones."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    rows["seq_lens"] = [1] * output.num_padded_tokens + [s.start for s in output.scheduled]
+    return _flat_tensors(rows, device)
+
+
+def flat_prefills_first(output, page_size, device="cpu", pad_slot=0):
+    """Re-sorts the entries, longest chunk first, instead of keeping the order the runner handed in (decodes first)."""
+    from dataclasses import replace
+
+    ordered = sorted(output.scheduled, key=lambda s: -s.num_new_tokens)
+    return _flat_tensors(_flat_lists(replace(output, scheduled=ordered), page_size, pad_slot), device)
+
+
+def flat_padding_writes_slot_zero(output, page_size, device="cpu", pad_slot=0):
+    """Padding rows write to slot 0 (a page some request may own) instead of pad_slot."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    pad = output.num_padded_tokens
+    rows["slot_mapping"][:pad] = [0] * pad
+    rows["block_tables"][:pad] = [[0] for _ in range(pad)]
+    return _flat_tensors(rows, device)
+
+
+def flat_padding_without_sequences(output, page_size, device="cpu", pad_slot=0):
+    """Padding rows are in the token rows but are not sequences: no block-table row, length or offset of their own."""
+    rows = _flat_lists(output, page_size, pad_slot)
+    pad = output.num_padded_tokens
+    rows["block_tables"] = rows["block_tables"][pad:]
+    rows["seq_lens"] = rows["seq_lens"][pad:]
+    rows["query_start_loc"] = rows["query_start_loc"][pad:]
+    return _flat_tensors(rows, device)
+
+
+def flat_block_tables_int64(output, page_size, device="cpu", pad_slot=0):
+    """block_tables as torch.long (the default integer type), not int32."""
+    return _flat_tensors(_flat_lists(output, page_size, pad_slot), device, block_dtype=torch.long)
+
+
+def flat_block_tables_column_major(output, page_size, device="cpu", pad_slot=0):
+    """Builds block_tables column by column and transposes it: right values, but not contiguous."""
+    batch = _flat_tensors(_flat_lists(output, page_size, pad_slot), device)
+    batch.block_tables = batch.block_tables.T.contiguous().T
+    return batch
+
+
 MUTANTS = {
     "StudentBlockPool": [FreeNeverReturnsPage, FreeIgnoresOtherOwners, RefcountNotDecremented, CannotTakeLastPage,
                          PartialAllocation, ShareLeavesPageFree, NoDoubleFreeCheck, NeverEvicts, EvictsEveryPage,
@@ -220,4 +336,8 @@ MUTANTS = {
     "slot_mapping": [slots_are_positions, slots_drop_last, slots_ignore_start, slots_page_index_as_offset],
     "paged_waste": [paged_waste_extra_page, paged_waste_in_pages, paged_waste_empty_holds_page],
     "contiguous_waste": [contiguous_waste_uses_longest, contiguous_waste_forgets_filled, contiguous_waste_off_by_one],
+    "build_flat_batch": [flat_positions_off_by_one, flat_positions_from_zero, flat_slot_from_logical_page,
+                         flat_query_start_loc_missing_last, flat_seq_lens_new_tokens, flat_seq_lens_context_only,
+                         flat_prefills_first, flat_padding_writes_slot_zero, flat_padding_without_sequences,
+                         flat_block_tables_int64, flat_block_tables_column_major],
 }

@@ -3,7 +3,10 @@ scripts/extract_references.py: do not edit; edit the notebook's solution cells."
 
 
 from collections import deque
+import torch
 from course_lib.kv.block_pool import BlockPool, OutOfPages
+from course_lib.runner_batch import FlatBatch
+from course_lib.scheduler.output import ScheduledRequest, SchedulerOutput
 
 
 class StudentBlockPool:
@@ -61,6 +64,32 @@ def slot_mapping(block_table: list[int], page_size: int, start: int, count: int)
         page = block_table[position // page_size]
         slots.append(page * page_size + position % page_size)
     return slots
+
+
+def build_flat_batch(output: SchedulerOutput, page_size: int, device="cpu", pad_slot: int = 0) -> FlatBatch:
+    """One step's SchedulerOutput as the flat batch the paged forward pass reads."""
+    pad = output.num_padded_tokens
+    token_ids, positions, slots = [0] * pad, [0] * pad, [pad_slot] * pad
+    tables = [[pad_slot // page_size] for _ in range(pad)]  # a padding row reads only its own slot
+    seq_lens = [1] * pad
+    query_start_loc = list(range(pad + 1))
+    for s in output.scheduled:
+        end = s.start + s.num_new_tokens
+        token_ids += s.token_ids
+        positions += range(s.start, end)
+        slots += slot_mapping(s.page_ids, page_size, s.start, s.num_new_tokens)
+        tables.append(list(s.page_ids))
+        seq_lens.append(end)
+        query_start_loc.append(query_start_loc[-1] + s.num_new_tokens)
+    width = max(len(table) for table in tables)
+    block_tables = [table + [0] * (width - len(table)) for table in tables]
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return FlatBatch(token_ids=tensor(token_ids, torch.long), positions=tensor(positions, torch.long),
+                     slot_mapping=tensor(slots, torch.long), block_tables=tensor(block_tables, torch.int32),
+                     seq_lens=tensor(seq_lens, torch.int32), query_start_loc=tensor(query_start_loc, torch.int32))
 
 
 def paged_waste(num_tokens_per_request: list[int], page_size: int) -> int:
