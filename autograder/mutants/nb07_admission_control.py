@@ -197,6 +197,16 @@ class KeepsProgress(_Recompute):
         request.num_computed_tokens = computed
 
 
+class LeavesVictimRunning(_Recompute):
+    """Frees and requeues the victim but forgets to take it out of the running list: it runs and waits at once."""
+
+    def preempt(self, request):
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
 class NeverFreesPages(_Recompute):
     """Forgets to give the pages back: the pool never gets the room the preemption was for."""
 
@@ -260,6 +270,7 @@ MUTANTS = {
                           report_finished_only, report_skips_failed],
     "break_it_config": [break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
                         break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
-    "StudentRecompute": [VictimOldest, VictimLargest, VictimLeastWork, RequeueAtBack, KeepsProgress, NeverFreesPages,
-                         FreesPoolNotManager, RestartsAnswer, CountsItself, RebindsQueues, StatusStillRunning],
+    "StudentRecompute": [VictimOldest, VictimLargest, VictimLeastWork, RequeueAtBack, KeepsProgress,
+                         LeavesVictimRunning, NeverFreesPages, FreesPoolNotManager, RestartsAnswer, CountsItself,
+                         RebindsQueues, StatusStillRunning],
 }

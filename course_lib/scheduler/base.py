@@ -100,6 +100,9 @@ class SchedulerBase:
                 self._fail(victim, out)
             else:
                 self.preempt(victim)
+                if victim in self.running:  # an overridden preempt that forgot: the loop would spin forever
+                    raise RuntimeError(f"preempt({victim.request_id!r}) left it in self.running: a preempted "
+                                       "request must leave the batch (and give its pages back)")
             if victim is request:
                 return False
         return True
