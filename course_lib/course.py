@@ -181,6 +181,8 @@ def _record_cell_outcome(result) -> None:
     error = result.error_in_exec or result.error_before_exec
     for exercise in list(_RUNNING):
         CHECKS[exercise].finish(error)
+        if error is None:  # a failure shows its own traceback; a pass would otherwise show nothing
+            print(f"passed: {exercise}'s visible check (the hidden tests run when it is graded)")
     _RUNNING.clear()
 
 

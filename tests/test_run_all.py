@@ -139,5 +139,7 @@ def test_a_failed_check_falls_back_naming_the_exercise_and_a_passed_one_does_not
     assert ("your double failed its check above (AssertionError: double(2) should be 4, got 7): "
             "using course_lib's reference so you can keep going") in wrong[-1], wrong
     assert "double(3) = 6" in wrong[-1]
+    assert "passed:" not in wrong[-2]
     right = _run_all(_with_answer(demo_student, "return x * 2"))
+    assert "passed: double's visible check" in right[-2], right  # a pass is said, not silent
     assert "using your double" in right[-1] and "double(3) = 6" in right[-1], right
