@@ -87,6 +87,15 @@ def test_the_references_are_generated_from_the_solution_cells():
     assert result.returncode == 0, f"run python scripts/extract_references.py:\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.adapter)
+def test_the_reference_passes_every_graded_seed_and_has_mutants(exercise):
+    reference = getattr(importlib.import_module(f"autograder.reference.{exercise.module}"), exercise.adapter)
+    check = get_check(exercise.adapter)
+    for seed in exercise.graded_seeds:
+        assert check(reference, seed, _allow_reference=True) is None, f"seed {seed}"  # a value would be partial credit
+    assert len(MUTANTS.get(exercise.adapter, [])) >= 3, f"{exercise.adapter}: write at least 3 realistic mutants"
+
+
 MUTANT_CASES = [(e, m) for e in EXERCISES for m in MUTANTS.get(e.adapter, [])]
 CONTROL_CASES = [(e, c) for e in EXERCISES for c in CONTROLS.get(e.adapter, [])]
 
