@@ -171,3 +171,16 @@ def test_prediction_serves_the_load_workload_on_the_fitted_clock():
     # Every step is priced by the fitted line, nothing else.
     step = result.steps[0]
     assert step.end_time - step.start_time == pytest.approx(fitted.step_time(step))
+
+
+def test_the_comparison_plot_is_in_ms_with_its_legend_off_the_panels():
+    from course_lib.loadgen.compare import measured_vs_predicted
+    from course_lib.sim.simulate import simulate
+
+    run = simulate(EngineConfig(max_num_seqs=4), ClosedLoopUsers(3, 6, seed=0, **SHORT), progress=False)
+    fig = measured_vs_predicted({"a": run.requests, "b": run.requests}, title="t")
+    axes = fig.axes
+    assert [ax.get_xlabel().endswith("(ms)") for ax in axes] == [True, True, True]
+    assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1
+    ttft_ms = sorted(r.first_token_time - r.arrival_time for r in run.requests)[-1] * 1e3
+    assert axes[0].lines[0].get_xdata().max() == pytest.approx(ttft_ms)  # the values drawn are in ms

@@ -40,6 +40,9 @@ ASSIGNMENTS = [
     "06_prefix_caching",
     "07_admission_control",
 ]
+# Demos: nothing to hand in (no graded cell), otherwise the same layout (title, badge, objectives, summary).
+DEMOS = ["08_live_serving"]
+NOTEBOOKS_ALL = ASSIGNMENTS + DEMOS
 # Student notebooks executed in the default test run (the others with COURSE_STUDENT_NOTEBOOKS=all).
 DEFAULT_STUDENT_RUNS = ["00_setup", "06_prefix_caching"]
 COLAB_LINK = "https://colab.research.google.com/github/{repo}/blob/main/notebooks/{assignment}/{assignment}.ipynb"
@@ -87,15 +90,15 @@ def exercises(nb):
 # ----------------------------------------------------------------------------------- layout
 def test_every_assignment_has_a_solution_and_a_student_notebook():
     found = sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir())
-    assert found == ASSIGNMENTS, f"solutions/ holds {found}, expected {ASSIGNMENTS}"
-    for assignment in ASSIGNMENTS:
+    assert found == NOTEBOOKS_ALL, f"solutions/ holds {found}, expected {NOTEBOOKS_ALL}"
+    for assignment in NOTEBOOKS_ALL:
         assert solution_path(assignment).is_file(), f"missing {solution_path(assignment).relative_to(ROOT)}"
         assert student_path(assignment).is_file(), (
             f"missing {student_path(assignment).relative_to(ROOT)}: run python scripts/generate_notebooks.py")
 
 
 # ----------------------------------------------------------------------------------- structure
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", NOTEBOOKS_ALL)
 def test_opens_with_title_colab_badge_and_objectives(assignment):
     nb = read(solution_path(assignment))
     first = nb.cells[0]
@@ -110,7 +113,7 @@ def test_opens_with_title_colab_badge_and_objectives(assignment):
     assert len(objectives) >= 3, f"list at least 3 learning objectives, found {len(objectives)}"
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", NOTEBOOKS_ALL)
 def test_ends_with_summary_and_questions(assignment):
     last = read(solution_path(assignment)).cells[-1]
     assert last.cell_type == "markdown", "the last cell must be markdown: a summary and questions"
@@ -149,7 +152,14 @@ def test_has_two_to_four_graded_exercises(assignment):
             assert hasattr(checks, name), f"{gid}: autograder.checks.{module} has no {name}"
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("demo", DEMOS)
+def test_a_demo_has_nothing_to_grade(demo):
+    graded = [nbgrader(c)["grade_id"] for c in read(solution_path(demo)).cells if nbgrader(c).get("grade")
+              or nbgrader(c).get("solution")]
+    assert not graded, f"{demo} is a demo: it has graded cells {graded} (move it to ASSIGNMENTS, with checks)"
+
+
+@pytest.mark.parametrize("assignment", NOTEBOOKS_ALL)
 def test_grade_ids_unique_and_kernel_python3(assignment):
     nb = read(solution_path(assignment))
     ids = [nbgrader(c)["grade_id"] for c in nb.cells if nbgrader(c)]
@@ -160,7 +170,7 @@ def test_grade_ids_unique_and_kernel_python3(assignment):
         "the first code cell installs course_lib on Colab (and does nothing elsewhere)")
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", NOTEBOOKS_ALL)
 @pytest.mark.parametrize("kind", ["solutions", "notebooks"])
 def test_no_outputs_or_widget_state_stored(assignment, kind):
     path = solution_path(assignment) if kind == "solutions" else student_path(assignment)
@@ -172,7 +182,7 @@ def test_no_outputs_or_widget_state_stored(assignment, kind):
 
 
 # ----------------------------------------------------------------------------------- student versions
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", NOTEBOOKS_ALL)
 def test_student_notebook_has_no_solutions_or_hidden_tests(assignment):
     student = read(student_path(assignment))
     text = nbformat.writes(student)

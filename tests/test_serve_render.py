@@ -33,3 +33,18 @@ def test_chunks_off_the_fast_path_keep_their_fields():
     assert last["choices"][0]["finish_reason"] == "length"
     with_ids = json.loads(render.chunk("ab", None, [5, 6]).decode().removeprefix("data: "))
     assert with_ids["choices"][0]["token_ids"] == [5, 6]
+
+
+@pytest.mark.parametrize("config", [
+    dict(),
+    dict(page_size=8, num_pages=40, max_num_seqs=5, max_num_batched_tokens=64, scheduler="static",
+         kv_layout="contiguous", admission="reserve", watermark=0.1, preemption="fail", enable_chunked_prefill=False,
+         enable_prefix_caching=True, attention_backend="torch", forward="eager", max_model_len=128, seed=7,
+         record_page_owners=True),
+])
+def test_config_flags_rebuild_the_same_engine_config(config):
+    from course_lib import EngineConfig
+    from course_lib.serve.cli import build_parser, config_flags, engine_config_from_args
+
+    wanted = EngineConfig(**config)
+    assert engine_config_from_args(build_parser().parse_args(config_flags(wanted))) == wanted

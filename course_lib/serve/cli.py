@@ -73,6 +73,25 @@ def engine_config_from_args(args):
         seed=args.seed, record_page_owners=args.record_page_owners)
 
 
+def config_flags(config) -> list[str]:
+    """The flags that make `serve` build `config` (an EngineConfig): what a notebook hands to
+    ServerProcess so that the server and the simulator's prediction serve with the same knobs."""
+    flags = ["--page-size", str(config.page_size), "--max-num-seqs", str(config.max_num_seqs),
+             "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--scheduler", config.scheduler,
+             "--kv-layout", config.kv_layout, "--admission", config.admission, "--watermark", str(config.watermark),
+             "--preemption", config.preemption, "--attention-backend", config.attention_backend,
+             "--forward", config.forward, "--seed", str(config.seed)]
+    for flag, value in (("--num-pages", config.num_pages), ("--max-model-len", config.max_model_len)):
+        if value is not None:
+            flags += [flag, str(value)]
+    for flag, on in (("--no-chunked-prefill", not config.enable_chunked_prefill),
+                     ("--prefix-caching", config.enable_prefix_caching),
+                     ("--record-page-owners", config.record_page_owners)):
+        if on:
+            flags.append(flag)
+    return flags
+
+
 def load_model(name: str, dtype: str, device: str, max_model_len=None):
     """(model, tokenizer, served name). A path must be a local folder: serving never downloads."""
     import torch
@@ -119,13 +138,16 @@ def main(argv=None) -> int:
         engine = LLMEngine(model, config)
     except (ValueError, FileNotFoundError, ImportError) as err:
         parser.error(str(err))
-    from .launch import serve_forever, watch_parent
+    from .launch import WILDCARD_HOSTS, room_host, serve_forever, watch_parent
 
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)
     name = args.served_model_name or default_name
     print(f"serving {name!r} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)
+    if args.host in WILDCARD_HOSTS:
+        print(f"others on this network: http://{room_host(args.host)}:{args.port} (no authentication: a network "
+              f"you trust only)", flush=True)
     serve_forever(engine, tokenizer, name, host=args.host, port=args.port, max_waiting=args.max_waiting,
                   dashboard=not args.no_dashboard, log_level=args.log_level, open_browser=args.open_dashboard,
                   burst_max_tokens=args.burst_max_tokens, stream_interval_ms=args.stream_interval_ms)

@@ -30,6 +30,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def local_host(host: str) -> str:
+    """Where this machine reaches a server bound to `host` (a wildcard: loopback)."""
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
+
+
+def room_host(host: str) -> str:
+    """The address others on the network use for a server bound to `host`: for a wildcard, this
+    machine's outward-facing address (the one its default route would use; a UDP socket's
+    connect sends nothing), else `host` itself. Loopback stays loopback: nobody else can reach it."""
+    if host not in WILDCARD_HOSTS:
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere, no packet leaves
+            return s.getsockname()[0]
+        except OSError:
+            return socket.gethostname()
+
+
 def _uvicorn_server(app, host: str, port: int, log_level: str = "warning"):
     import uvicorn
 
@@ -140,7 +162,8 @@ class ServerProcess:
     def __init__(self, args: list[str] = (), host: str = "127.0.0.1", port: int | None = None,
                  timeout: float = 60.0, threads: int = 1):
         self.host, self.port = host, port or free_port(host)
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = f"http://{local_host(host)}:{self.port}"  # how this process talks to it
+        self.room_url = f"http://{room_host(host)}:{self.port}"  # how others on the network do
         self.log = tempfile.NamedTemporaryFile("w+", prefix="course_lib_serve_", suffix=".log", delete=False)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         cmd = [sys.executable, "-m", "course_lib", "serve", "--host", host, "--port", str(self.port),
