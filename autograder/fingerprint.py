@@ -15,6 +15,7 @@ A match is a flag with its evidence, not a verdict: an instructor decides.
 from __future__ import annotations
 
 import ast
+import dis
 import functools
 import hashlib
 import types
@@ -22,7 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_NODES = 40  # a function smaller than this (AST nodes) is too common to mean anything
-MIN_CODE_BYTES = 40
+# A function of fewer bytecode instructions than this (a one-line formula: `kv_bytes_per_token` is
+# 17) is what two honest students write alike: its bytecode proves nothing.
+MIN_INSTRUCTIONS = 30
+
+
+def _big_enough(code: types.CodeType) -> bool:
+    return sum(1 for _ in dis.get_instructions(code)) >= MIN_INSTRUCTIONS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +175,7 @@ def code_fingerprints(obj) -> list[list[str]]:
     """[[qualified name, hash], ...] for the functions behind `obj` (a function, a class's methods)."""
     out = []
     for qualname, code in _codes_of(obj):
-        if len(code.co_code) >= MIN_CODE_BYTES:
+        if _big_enough(code):
             out.append([str(qualname)[:200], _code_hash(code)])
         if len(out) >= 200:
             break
@@ -192,7 +199,7 @@ def known_code() -> dict[str, str]:
                 for const in code.co_consts:
                     if isinstance(const, types.CodeType):
                         name = f"{prefix}{const.co_name}"
-                        if len(const.co_code) >= MIN_CODE_BYTES:
+                        if _big_enough(const):
                             known.setdefault(_code_hash(const), f"{rel}.{name}")
                         stack.append((const, f"{name}."))
     return known

@@ -402,11 +402,13 @@ class _Executor:
     """Runs a notebook cell by cell in one kernel, surviving timeouts and kernel deaths."""
 
     def __init__(self, nb, cwd: str, kernel_name: str, timeout: int, stage: Path | None = None,
-                 deadline: float | None = None, on_cell=None, env_extra: dict | None = None):
+                 deadline: float | None = None, on_cell=None, env_extra: dict | None = None,
+                 budget_s: float | None = None):
         from nbclient import NotebookClient
 
         self.nb, self.cwd, self.kernel_name, self.timeout, self.stage = nb, cwd, kernel_name, timeout, stage
         self.deadline, self.on_cell, self.env_extra = deadline, on_cell, dict(env_extra or {})
+        self.budget_s = budget_s
         self.timings: dict[str, float] = {}  # cell index -> seconds (finding slow cells)
         self.client = NotebookClient(
             nb, kernel_name=kernel_name, timeout=timeout, allow_errors=True, interrupt_on_timeout=False,
@@ -524,7 +526,9 @@ class _Executor:
                 if self.deadline is not None and time.monotonic() >= self.deadline:
                     self.status[index] = "not_run"
                     if "budget" not in " ".join(self.log[-1:]):
-                        self.log.append(f"the notebook's time budget was spent before cell {index}: the rest was not run")
+                        budget = f" of {self.budget_s:g} s" if self.budget_s else ""
+                        self.log.append(f"the notebook's time budget{budget} was spent before cell {index}: "
+                                        "the rest was not run (--budget)")
                     continue
                 began = time.monotonic()
                 status = await self._execute(index, cell)
@@ -670,6 +674,16 @@ MAX_READBACK_BYTES = 64 << 20  # the executed notebook the sandbox returns
 DEFAULT_BUDGET = 900  # seconds for one notebook, all its cells and kernel restarts together
 
 
+class NoSandbox(RuntimeError):
+    """No sandbox can be made here: grading untrusted notebooks is refused (sandbox=False / --unsafe)."""
+
+    def __init__(self, why: str):
+        super().__init__(f"refusing to grade: no sandbox can be made here: {why}. Every submission runs untrusted "
+                         "code; without a sandbox it can read other submissions and the solutions, and change the "
+                         "grader's files. Pass --unsafe (sandbox=False) to grade anyway, only for your own notebooks.")
+        self.why = why
+
+
 class GradingRefused(Exception):
     """A submission the grader will not run (too large, unreadable): the message names the limit."""
 
@@ -678,7 +692,7 @@ def read_submission(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
     """The submission as a notebook, refused before reading if it is larger than `limit` bytes."""
     size = path.stat().st_size
     if size > limit:
-        raise GradingRefused(f"the notebook is {size / 1e6:.1f} MB, over the {limit / 1e6:.0f} MB limit for a "
+        raise GradingRefused(f"the notebook is {size / 2**20:.1f} MB, over the {limit / 2**20:g} MB limit for a "
                              "submission: clear its outputs (Kernel > Restart & Clear Output) and hand it in again")
     with open(path, encoding="utf-8") as f:
         return nbformat.read(f, as_version=4)
@@ -693,6 +707,26 @@ def _copy_data_files(submission: Path, workdir: Path) -> None:
         # data files only: nothing that could shadow the course's packages on sys.path
         if item.suffix not in (".ipynb", ".pth") and item.stem not in _NEVER_COPY:
             shutil.copy2(item, workdir)
+
+
+# What the runner in the sandbox may report (autograder.grade._Executor's log). status.json is
+# writable by the student's code too: anything else in it would be a channel into the feedback.
+_RUNNER_LOG = re.compile(
+    r"(cell \d+ timed out after \d+ s|the kernel did not recover from the interrupt: restarting it"
+    r"|the kernel died in cell \d+: restarting it|giving up on the rest of this notebook"
+    r"|replaying cell \d+ after a restart failed \((timeout|crashed)\)"
+    r"|the notebook's time budget( of [0-9.]+ s)? was spent before cell \d+: the rest was not run \(--budget\)"
+    r"|could not start kernel '[\w.-]+'|could not restart the kernel)")
+
+
+def runner_log(lines) -> list[str]:
+    """The runner's log lines that have the runner's shape; a count of the others."""
+    if not isinstance(lines, list):
+        return []
+    known = [x for x in lines[:200] if isinstance(x, str) and len(x) < 300 and _RUNNER_LOG.fullmatch(x)]
+    if len(known) < len(lines[:200]):
+        known.append(f"{len(lines[:200]) - len(known)} line(s) of the sandbox's log are not the runner's: not shown")
+    return known[:50]
 
 
 def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budget_s: float, sandbox: bool,
@@ -714,22 +748,21 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
         tokens = {}
         if tokens_guard is not None:
             tokens = inject_guard(nb, tokens_guard, record_path=f"{inside['out']}/record.jsonl")
-        (job / "in" / "notebook.ipynb").write_text(nbformat.writes(nb), encoding="utf-8")
         (job / "in" / "job.json").write_text(json.dumps({
-            "notebook": f"{inside['in']}/notebook.ipynb", "out": inside["out"], "cwd": inside["work"],
-            "kernel": kernel_name, "timeout": timeout, "budget_s": budget_s}))
+            "out": inside["out"], "cwd": inside["work"], "kernel": kernel_name, "timeout": timeout,
+            "budget_s": budget_s}))
         command = [sys.executable, "-m", "autograder.sandbox_exec", f"{inside['in']}/job.json"]
         env = None
         if not sandbox:
             stage = Stage()
             env = _kernel_env(stage.dir)
-        rc, log_tail = sb.run_job(job, command, budget_s=budget_s + 120, sandbox=sandbox, env=env,
-                                  **({"limits": limits} if limits else {}))
+        rc, _ = sb.run_job(job, command, budget_s=budget_s + 120, sandbox=sandbox, env=env,
+                           stdin_data=nbformat.writes(nb).encode("utf-8"), **({"limits": limits} if limits else {}))
         log = []
         if rc is None:
-            log.append(f"the notebook's time budget of {budget_s:g} s was spent: the sandbox was ended")
-        elif rc != 0:
-            log.append(f"the notebook runner exited with status {rc}: {log_tail.strip().splitlines()[-1:] or ''}")
+            log.append(f"the notebook's time budget of {budget_s:g} s was spent: the sandbox was ended (--budget)")
+        elif rc != 0:  # (its output is the student's to write: not shown)
+            log.append(f"the notebook runner exited with status {rc}")
         executed, status = None, {}
         out = job / "out"
         try:
@@ -740,7 +773,7 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
             if (out / "status.json").is_file() and (out / "status.json").stat().st_size <= 4 << 20:
                 raw = json.loads((out / "status.json").read_text(encoding="utf-8"))
                 status = {int(k): str(v) for k, v in (raw.get("status") or {}).items() if str(k).isdigit()}
-                log += [str(x)[:500] for x in (raw.get("log") or [])][:50]
+                log += runner_log(raw.get("log"))
         except (ValueError, OSError, TypeError, AttributeError) as exc:
             log.append(f"what the sandbox returned could not be read ({type(exc).__name__}); outputs dropped")
             executed, status = None, {}
@@ -791,10 +824,10 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
         entry["errors"].append(why[:1000])
         entry["cells"] = [_cell_entry(c, 0.0, "not_run", why[:1000]) for c in tests]
         return entry, None
-    if sandbox is None:
-        sandbox = sb.available() is None
-    elif sandbox and sb.available() is not None:
-        raise RuntimeError(f"no sandbox: {sb.available()}")
+    if sandbox is None or sandbox:
+        if sb.available() is not None:
+            raise NoSandbox(sb.available())
+        sandbox = True
     entry["sandbox"] = "bwrap" if sandbox else "none (--unsafe)"
     nb, entry["notes"] = assemble(submission, source)
     hidden = [line for c in source.cells if c.get("cell_type") == "code" for line in hidden_lines(c.get("source", ""))]
@@ -835,7 +868,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
         calls = rec.get("thread_reference_calls")
         if isinstance(calls, list) and calls:
             entry["flags"].append(f"check_{rec['exercise']}(seed={rec['seed']}): course_lib's counterpart was called "
-                                  f"from another thread ({', '.join(map(str, calls[:3]))})")
+                                  f"while the check ran ({', '.join(map(str, calls[:3]))})")
     for index, cell in enumerate(nb.cells):
         if is_test_cell(cell):
             gid = grade_id(cell)
@@ -962,6 +995,9 @@ def render_html(entry: dict, nb) -> str:
                      f"<td>{html.escape(c['status'])}</td><td>{esc(c['feedback'][:300])}</td></tr>")
     parts.append("</table>")
     results = {c["grade_id"]: c for c in entry["cells"]}
+    # From the first test cell with hidden tests on, the student's code has seen the hidden inputs
+    # (and IPython's input history holds the hidden code): what it printed is not shown.
+    after_hidden = False
     for cell in (nb.cells if nb is not None else []):
         if cell.get("cell_type") == "markdown":
             parts.append(f"<div class='cell md'><pre>{esc(cell.source)}</pre></div>")
@@ -975,7 +1011,10 @@ def render_html(entry: dict, nb) -> str:
             parts.append(f"<p class=score>{html.escape(str(result['grade_id']))}: {result['score']:g} / "
                          f"{result['max_score']:g}</p>")
         parts.append(f"<pre>{esc(without_hidden(cell.source) if is_test_cell(cell) else cell.source)}</pre>")
-        for out in ([] if is_test_cell(cell) else cell.get("outputs", [])):
+        if after_hidden and not is_test_cell(cell) and cell.get("outputs"):
+            parts.append("<p class=md>(outputs of cells run after a hidden test are not shown here: they could "
+                         "carry the hidden test's inputs)</p>")
+        for out in ([] if is_test_cell(cell) or after_hidden else cell.get("outputs", [])):
             kind = out.get("output_type")
             if kind == "stream":
                 parts.append(f"<pre class=out>{esc(out.get('text', ''))}</pre>")
@@ -993,6 +1032,7 @@ def render_html(entry: dict, nb) -> str:
         if result is not None and result["feedback"]:
             parts.append(f"<p class=err>{esc(result['feedback'])}</p>")
         parts.append("</div>")
+        after_hidden = after_hidden or (is_test_cell(cell) and bool(hidden_line_ranges(cell.source)))
     return "\n".join(parts)
 
 
@@ -1009,10 +1049,11 @@ def grade(paths, *, source_dir="solutions", timeout=DEFAULT_TIMEOUT, html_dir=No
     from . import sandbox as sb
     from .batch import run_batch
 
-    if sandbox is None:
-        sandbox = sb.available() is None
-    elif sandbox and sb.available() is not None:
-        raise RuntimeError(f"no sandbox: {sb.available()}")
+    if sandbox is None or sandbox:
+        why = sb.available()
+        if why is not None:
+            raise NoSandbox(why)
+        sandbox = True
     return run_batch(paths, roots=list(roots), source_dir=source_dir, timeout=timeout, html_dir=html_dir,
                      kernel_name=kernel_name, jobs=jobs, guard=guard, sandbox=sandbox, budget_s=budget_s,
                      max_bytes=max_bytes, out_dir=out_dir, progress=progress)
@@ -1030,10 +1071,7 @@ def main(args) -> int:
         return 2
     why = sb.available()
     if why is not None and not args.unsafe:
-        print(f"refusing to grade: no sandbox can be made here: {why}.\n"
-              "Every submission runs untrusted code; without a sandbox it can read other submissions and the "
-              "solutions, and change the grader's files. Pass --unsafe to grade anyway (only for your own notebooks).",
-              file=sys.stderr)
+        print(NoSandbox(why), file=sys.stderr)
         return 3
     result = grade(paths, source_dir=args.source_dir, timeout=args.timeout, html_dir=args.html,
                    kernel_name=args.kernel, jobs=args.jobs, sandbox=not args.unsafe and why is None,

@@ -37,6 +37,7 @@ import json
 import math
 import operator
 import threading
+import types
 
 import numpy as np
 import torch
@@ -97,6 +98,23 @@ def _apply(target, op: str, name, args, kwargs):
     if op in _UNARY:
         return _UNARY[op](target)
     raise Divergence(f"unknown operation {op!r}")
+
+
+# What student code may do to the grader's objects. A call back into the grader is re-done in
+# the grader's own process at replay, with arguments read from the record (which the student can
+# write): so no private or dunder attribute (`__class__.__base__.__subclasses__()`, `__globals__`
+# lead to `os.system` in the grader), and no module, frame, code object or traceback ever becomes
+# a handle (their public attributes lead there too).
+_NEVER_HANDED_OVER = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
+
+
+def callback_refusal(op: str, name, result=None) -> str | None:
+    """Why the grader refuses this use of its object (None if it is allowed)."""
+    if op in ("getattr", "setattr", "delattr") and (not isinstance(name, str) or name.startswith("_")):
+        return f"the grader's objects do not share their private attributes ({name!r})"
+    if isinstance(result, _NEVER_HANDED_OVER):
+        return f"the grader does not hand over a {type(result).__name__} object"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -748,6 +766,9 @@ class Membrane:
             self._poison(f"event {self.pos - 1}: malformed attribute name")
         if op == "rop" and name not in _BINARY:
             self._poison(f"event {self.pos - 1}: unknown operator {name!r}")
+        refused = callback_refusal(op, name)
+        if refused:
+            self._poison(f"event {self.pos - 1}: {refused}")
         self.depth += 1
         try:
             result = _apply(self.g_objs[h], op, name, args, kwargs)
@@ -762,6 +783,9 @@ class Membrane:
             return
         finally:
             self.depth -= 1
+        refused = callback_refusal(op, name, result)
+        if refused:
+            self._poison(f"event {self.pos - 1}: {refused}")
         end = self._next(("Or", "Ox"), "result")
         if end["k"] != "Or":
             self._poison(f"event {self.pos - 1}: the record says the grader's {op} {name or ''} raised, it did not")
@@ -775,11 +799,17 @@ class Membrane:
         if threading.get_ident() != self.thread or self.depth == 0:
             raise RuntimeError("the grader's objects may only be used while the grader is calling your code, "
                                "from the thread it called you on")
+        refused = callback_refusal(op, name)
+        if refused:  # before the event: the record never holds what the replay would refuse
+            raise AttributeError(refused)
         enc_args = self.encode([list(args), kwargs], "S", full_tensors=True)
         self._emit({"k": "O", "h": h, "op": op, "n": name, "a": enc_args})
         g_args, g_kwargs = self.decode(enc_args, "G")
         try:
             result = _apply(self.g_objs[h], op, name, g_args, g_kwargs)
+            refused = callback_refusal(op, name, result)
+            if refused:
+                raise TypeError(refused)
         except (KeyboardInterrupt, Divergence, RecordLimit):
             raise
         except Exception as exc:  # noqa: BLE001 - the student sees the grader's exception

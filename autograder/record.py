@@ -5,7 +5,7 @@ calls `start(path)`. From then on `check_<adapter>(impl, seed)` (see `_checking.
 judge by itself: it hands the check's body a membrane proxy of `impl` (`autograder.membrane`),
 and when the call ends, one JSON line goes to `path`: the exercise, the seed, every crossing of
 the boundary, the check's own outcome (evidence only), fingerprints of the adapter's code and
-any calls into the exercise's course_lib counterpart seen from other threads. The grader then
+any calls into the exercise's course_lib counterpart by the student's code or from other threads. The grader then
 replays each line in its own process (`autograder.replay`); the verdict is the replay's.
 
 Without a session (a student running the notebook, pytest) a check runs as it always did.
@@ -60,23 +60,47 @@ def _counterpart_files(exercise: str) -> dict[str, str]:
 
 
 class _ThreadWatch:
-    """Calls into the exercise's course_lib counterpart from threads started during the check."""
+    """Calls into the exercise's course_lib counterpart while the check runs: from threads started
+    during the check (any call), and on the check's own thread from the student's code (a call
+    whose caller is a notebook cell or the student's module; the check's own calls do not count).
+    A check that bans such calls itself installs its own profiler inside its block (this one is
+    then off, and back when the block ends): a check without a ban is still watched."""
 
     def __init__(self, exercise: str):
         self.files = _counterpart_files(exercise)
         self.hits: list[str] = []
+        self.installed = False
+
+    def _note(self, frame, where: str):
+        if len(self.hits) < 20:
+            self.hits.append(f"{self.files[frame.f_code.co_filename]}.{frame.f_code.co_name} ({where})")
 
     def __enter__(self):
-        if self.files:
-            def profiler(frame, event, arg):
-                if event == "call" and frame.f_code.co_filename in self.files and len(self.hits) < 20:
-                    self.hits.append(f"{self.files[frame.f_code.co_filename]}.{frame.f_code.co_name}")
-            threading.setprofile(profiler)
+        if not self.files:
+            return self
+        from ._checking import is_user_file
+
+        def other_threads(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename in self.files:
+                self._note(frame, "another thread")
+
+        def this_thread(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename in self.files:
+                caller = frame.f_back
+                if caller is not None and is_user_file(caller.f_code.co_filename):
+                    self._note(frame, "called by your code")
+
+        threading.setprofile(other_threads)
+        if sys.getprofile() is None:
+            sys.setprofile(this_thread)
+            self.installed = True
         return self
 
     def __exit__(self, *exc):
         if self.files:
             threading.setprofile(None)
+            if self.installed:
+                sys.setprofile(None)
         return False
 
 

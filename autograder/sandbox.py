@@ -32,11 +32,17 @@ import signal
 import site
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+BWRAP_ENV = "AUTOGRADER_BWRAP"  # the bubblewrap binary, if not `bwrap` on PATH
+
+
+def bwrap() -> str:
+    return os.environ.get(BWRAP_ENV, "bwrap")
 UID_BASE, UID_COUNT = 60000, 1000
 LOCK_DIR = Path("/tmp/autograder-uids")
 
@@ -85,7 +91,7 @@ def _ancestors(path: str) -> list[str]:
 def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
     """The bwrap command line (everything before the command) for one job folder, which holds
     `in/` (mounted read-only at /job), `work/` (/work) and `out/` (/out)."""
-    args = ["bwrap"]
+    args = [bwrap()]
     made = set()
     for kind, d in _system_dirs():
         if kind == "symlink":
@@ -135,12 +141,12 @@ def _prlimit(limits: Limits) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def available() -> str | None:
     """None if a sandbox can be made here, else why not (shown to the user)."""
-    missing = [tool for tool in ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ())
+    missing = [tool for tool in (bwrap(), "prlimit") + (("setpriv",) if os.geteuid() == 0 else ())
                if shutil.which(tool) is None]
     if missing:
         return (f"{', '.join(missing)} not found: install bubblewrap and util-linux (scripts/setup.sh does: "
-                "apt-get install bubblewrap)")
-    probe = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net",
+                f"apt-get install bubblewrap; ${BWRAP_ENV} names another bwrap)")
+    probe = [bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net",
              "--die-with-parent"]
     if os.geteuid() == 0:
         probe += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"] + _drop_privileges(UID_BASE) + ["true"]
@@ -198,9 +204,10 @@ def prepare_job(job: Path, uid: int | None) -> None:
 
 
 def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = Limits(), sandbox: bool = True,
-            env: dict | None = None) -> tuple[int | None, str]:
-    """Run `command` for a job folder, in a sandbox (or, unsafe, as a plain subprocess); kill it and
-    everything it started after `budget_s` seconds. Returns (exit status or None if killed, log tail)."""
+            env: dict | None = None, stdin_data: bytes = b"") -> tuple[int | None, str]:
+    """Run `command` for a job folder, in a sandbox (or, unsafe, as a plain subprocess), `stdin_data`
+    on its stdin; kill it and everything it started after `budget_s` seconds. Returns (exit status
+    or None if killed, log tail)."""
     lease = UidLease() if sandbox and os.geteuid() == 0 else None
     uid = lease.uid if lease else None
     log_path = job / "sandbox.log"
@@ -214,8 +221,10 @@ def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = 
         else:
             argv = command
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=env)
+            feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)
+            feeder.start()  # (a thread: a runner that never reads must not block the grader)
             try:
                 rc = proc.wait(timeout=budget_s)
             except subprocess.TimeoutExpired:
@@ -226,6 +235,18 @@ def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = 
     finally:
         if lease:
             lease.release()
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

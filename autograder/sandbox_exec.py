@@ -1,6 +1,8 @@
 """Inside the sandbox: run one prepared notebook cell by cell and write what happened to /out.
 
-`python -m autograder.sandbox_exec JOB.json` (the grader writes JOB.json next to the notebook).
+`python -m autograder.sandbox_exec JOB.json < NOTEBOOK`: the notebook (hidden tests included) comes
+on stdin and never exists as a file in the sandbox, and this process makes itself non-dumpable, so
+that the student's code (same uid) can read neither; the kernel gets each cell only when it runs.
 Everything this process writes is untrusted by the grader (the student's code runs as the same
 user and could rewrite it): it is read back as plain data with size limits, the in-kernel test
 results only ever lower a score, and the verdict comes from replaying the record in the grader.
@@ -64,15 +66,27 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _not_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): processes of the same uid (the kernel) cannot read this one's
+    memory through /proc/<pid>/mem (it holds the hidden tests). Best effort off Linux."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(job_path: str) -> int:
     import nbformat
 
     from .grade import _Executor
 
+    _not_dumpable()
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
-    with open(job["notebook"], encoding="utf-8") as f:
-        nb = nbformat.read(f, as_version=4)
+    nb = nbformat.reads(sys.stdin.buffer.read().decode("utf-8"), as_version=4)
+    sys.stdin.close()
     out_dir = job["out"]
     deadline = time.monotonic() + float(job["budget_s"])
 
@@ -86,7 +100,7 @@ def main(job_path: str) -> int:
                                   "restarts": executor.restarts, "timings": executor.timings}))
 
     executor = _Executor(nb, job["cwd"], job["kernel"], int(job["timeout"]), stage=None, deadline=deadline,
-                         on_cell=save, env_extra=job.get("env", {}))
+                         on_cell=save, env_extra=job.get("env", {}), budget_s=float(job["budget_s"]))
     asyncio.run(executor.run())
     save(executor)
     return 0

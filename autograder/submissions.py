@@ -41,6 +41,34 @@ def perfect_submission(source, release=None):
     return nb
 
 
+_SOLUTION_REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION.*?### END SOLUTION[ \t]*$", re.M | re.S)
+
+
+def released_submission(source):
+    """What nbgrader's ClearSolutions makes of `source` (the notebook a student starts from, handed
+    in untouched): each solution region becomes the stub, hidden tests are removed."""
+    nb = copy.deepcopy(source)
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        cell.source = _HIDDEN_TESTS.sub("", cell.source)
+        if is_solution_cell(cell):
+            cell.source = _SOLUTION_REGION.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError()",
+                                               cell.source)
+        cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def with_answer(nb, grade_id_: str, code: str):
+    """`nb` with the answer cell `grade_id_` holding `code` (what a student types there)."""
+    nb = copy.deepcopy(nb)
+    cells = [c for c in nb.cells if grade_id(c) == grade_id_]
+    if not cells:
+        raise KeyError(f"no cell {grade_id_!r}")
+    cells[0].source = code
+    return nb
+
+
 def _defines(source: str, name: str) -> bool:
     return re.search(rf"^(def|class)\s+{re.escape(name)}\b", source, re.M) is not None
 

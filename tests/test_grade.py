@@ -23,7 +23,8 @@ from autograder import grade as G
 from autograder.submissions import mutant_for, perfect_submission, plant_mutant, graded_cells_calling
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 4  # seconds per cell for the tiny notebooks: the infinite loops hit it quickly
+TIMEOUT = 10  # seconds per cell for the tiny notebooks: the infinite loops hit it; a check on a busy
+# 2-core machine (several graders at once) can take more than 4 s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,3 +469,23 @@ def test_planted_bug_loses_its_exercise(round_trip, src):
     assert set(cells) <= passed["solution"], "the solution must pass the cells the planted bug should fail"
     lost = passed["solution"] - passed["mutant"]
     assert lost == set(cells), f"planted {exercise}: expected to lose exactly {cells}, lost {sorted(lost)}"
+
+
+def test_without_a_sandbox_grading_is_refused_unless_unsafe(tmp_path):
+    """The sandbox tool pointed at a binary that does not exist: the command refuses, says why and
+    how to override; with --unsafe it grades (a notebook without a source: no kernel needed)."""
+    import os
+
+    nb = tmp_path / "inbox" / "lost.ipynb"
+    nb.parent.mkdir()
+    nbformat.write(new_notebook(), nb)
+    env = dict(os.environ, AUTOGRADER_BWRAP=str(tmp_path / "no-such-bwrap"))
+    command = [sys.executable, "-m", "autograder", "grade", str(nb), "--json", str(tmp_path / "g.json"),
+               "--source-dir", str(tmp_path / "none"), "--quiet"]
+    refused = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    assert refused.returncode == 3 and not (tmp_path / "g.json").exists()
+    assert "refusing to grade: no sandbox" in refused.stderr and "no-such-bwrap not found" in refused.stderr
+    assert "--unsafe" in refused.stderr
+    unsafe = subprocess.run(command + ["--unsafe"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert unsafe.returncode == 0, unsafe.stderr
+    assert "no source notebook" in json.loads((tmp_path / "g.json").read_text())["notebooks"][0]["errors"][0]
