@@ -651,23 +651,21 @@ def _serve_through_builder(impl, seed, allow_reference, config, label):
 
 @check("build_flat_batch", forbidden=_flat_batch_function)
 def check_build_flat_batch(impl, seed, allow_reference):
-    from course_lib.model.cpu_forward import available
-
     expect(callable(impl), f"build_flat_batch must be a function, got {type(impl).__name__}")
     rng = random.Random(seed)
     cases = _fixed_outputs() + [_random_output(rng) for _ in range(8)]
-    for i, (out, page_size, pad_slot) in enumerate(cases):
+    for out, page_size, pad_slot in cases:
         got = _build(impl, out, page_size, "cpu", pad_slot, "", allow_reference)
         _judge_batch(got, out, page_size, pad_slot, "")
-    forwards = ["eager"] + (["cpu"] if available(fixtures.random_model(seed).dtype)[0] else [])
-    for forward in forwards:
+    # "auto" is the C forward where it can run here, else the PyTorch one: either way the steps (and so the
+    # questions this check asks) are the same, which a recorded grading replayed elsewhere relies on.
+    for forward in ("eager", "auto"):
         config = EngineConfig(page_size=4, num_pages=20, max_num_seqs=4, max_num_batched_tokens=10, admission="none",
                               enable_chunked_prefill=True, enable_prefix_caching=True, forward=forward)
         engine = _serve_through_builder(impl, seed, allow_reference, config,
                                         f"chunked prefill and prefix caching, forward={forward!r}")
         expect(engine.prefix_cache.hit_tokens > 0, "internal: the prefix-caching run never hit the cache")
     static = EngineConfig(page_size=4, num_pages=40, max_num_seqs=4, scheduler="static", admission="none",
-                          forward=forwards[-1])
-    engine = _serve_through_builder(impl, seed, allow_reference, static,
-                                    f"static batching (padding rows), forward={forwards[-1]!r}")
+                          forward="auto")
+    engine = _serve_through_builder(impl, seed, allow_reference, static, "static batching (padding rows)")
     expect(sum(s.num_padded_tokens for s in engine.step_stats) > 0, "internal: the static run had no padding row")
