@@ -101,7 +101,7 @@ RULE_MESSAGES = {
     "IgnoresTokenBudget": "max_num_batched_tokens",
     "ChunksBelowTheBudget": "budget used up before",
     "AlwaysChunks": "enable_chunked_prefill is False",
-    "BigPromptWaitsForever": "still unfinished",
+    "BigPromptWaitsForever": "runs alone",
     "IgnoresPrefixCache": "served from the cache",
     "PendingCountsCachedTokens": "not pending any more",
     "EntryBeforeAdmitting": "build the entry after admitting",

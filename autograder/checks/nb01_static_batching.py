@@ -151,13 +151,21 @@ def _waste_cases(rng: random.Random):
         batch = rng.randint(2, 8)
         cases.append(([rng.randint(1, 40) for _ in range(batch)], [rng.randint(1, 30) for _ in range(batch)]))
     cases.append(([rng.randint(1, 20) for _ in range(32)], [20] * 31 + [1000]))  # one long answer among many
+    # A big batch (300 > 256): lengths above CPython's cached small ints, so comparing them with `is`
+    # instead of `==` shows here.
+    cases.append(([rng.randint(1, 50) for _ in range(300)], [rng.randint(1, 50) for _ in range(300)]))
     return cases
+
+
+def _show_lens(lens) -> str:
+    """A list of lengths as a message shows it: whole up to 40, else its start and its size."""
+    return str(lens) if len(lens) <= 40 else f"[{', '.join(map(str, lens[:8]))}, ... ({len(lens)} lengths)]"
 
 
 @check("padding_waste", forbidden=lambda: (_course_lib_batching().padding_waste,))
 def check_padding_waste(impl, seed, allow_reference):
     for prompt_lens, output_lens in _waste_cases(random.Random(seed)):
-        shown = f"padding_waste({prompt_lens}, {output_lens})"
+        shown = f"padding_waste({_show_lens(prompt_lens)}, {_show_lens(output_lens)})"
         with forbid_calls("padding_waste", [_course_lib_batching()], enabled=not allow_reference):
             got = call(shown, impl, list(prompt_lens), list(output_lens))
         want = _waste(prompt_lens, output_lens)
@@ -170,8 +178,10 @@ def check_padding_waste(impl, seed, allow_reference):
                  f"{sum(prompt_lens) + sum(n - 1 for n in output_lens)} hold real tokens."
                  f"{_waste_hint(prompt_lens, output_lens, got)}")
     for p, o, why in (([3, 5, 2], [4, 2], "3 prompt lengths but 2 output lengths: one of each per request"),
+                      ([3, 5], [4, 2, 1], "2 prompt lengths but 3 output lengths: one of each per request"),
                       ([], [], "no requests: the fraction of nothing is undefined"),
-                      ([3, 5], [4, 0], "an output length of 0: the prefill always yields a first token")):
+                      ([3, 5], [4, 0], "an output length of 0: the prefill always yields a first token"),
+                      ([0, 5], [4, 2], "a prompt length of 0: every request has at least one prompt token")):
         _expect_value_error(f"padding_waste({p}, {o})", lambda p=p, o=o: impl(list(p), list(o)), why=why)
 
 
@@ -185,12 +195,14 @@ def _pick(rng, tokens):
 
 
 def _static_cases(seed: int):
-    """(label, prompts, max_tokens, eos_id) on fixtures.random_model(seed), each checked to hold:
+    """The cases, A-D on fixtures.random_model(seed), each checked to hold:
 
     A  some rows stop at their EOS, the others run to max_tokens (the batch runs to max_tokens);
     B  every row stops at its EOS before max_tokens (the batch must stop early);
     C  max_tokens=1 (the prefill pass alone answers);
-    D  equal-length prompts (no padding) and a batch of one (prompt of one token)."""
+    D  equal-length prompts (no padding) and a batch of one (prompt of one token);
+    E  an EOS id above 256, on another model (`_big_vocab_case`).
+    Each entry: (model, label, prompts, max_tokens, eos_id, the model's own greedy rows)."""
     rng = random.Random(seed)
     model = fixtures.random_model(seed)
     vocab, max_tokens = model.config.vocab_size, 10
@@ -224,13 +236,33 @@ def _static_cases(seed: int):
         ("D", [[rng.randrange(3, vocab) for _ in range(same_len)] for _ in range(2)], rng.randint(2, 4), eos_b),
         ("D", [[rng.randrange(3, vocab)]], rng.randint(3, 6), eos_a),
     ]
-    return model, [(label, p, mt, eos, fixtures.greedy(model, p, mt, [eos])) for label, p, mt, eos in cases]
+    cases = [(model, label, p, mt, eos) for label, p, mt, eos in cases] + [_big_vocab_case(seed)]
+    return [(m, label, p, mt, eos, fixtures.greedy(m, p, mt, [eos])) for m, label, p, mt, eos in cases]
+
+
+def _big_vocab_case(seed: int):
+    """E: an EOS id above 256, as in every real vocabulary (Llama-3's is 128009), on a 400-token model:
+    Python caches the ints up to 256, so a loop that compares token ids with `is` instead of `==` never
+    sees this EOS. Row 0 stops at it (its 2nd to 4th token), row 1 never meets it."""
+    rng = random.Random(5000 + seed)
+    model = fixtures.random_model(seed, vocab_size=400)
+    prompts = fixtures.random_prompts(rng, 24, 400, lo=2, hi=8)
+    runs = fixtures.greedy(model, prompts, 6)
+    for i, run in enumerate(runs):
+        for k in (1, 2, 3):
+            if run[k] > 256 and run[k] not in run[:k]:
+                other = next((j for j, r in enumerate(runs) if run[k] not in r), None)
+                if other is not None:
+                    return model, "E", [prompts[i], prompts[other]], 6, run[k]
+    raise RuntimeError(f"internal: no EOS id above 256 in the 400-token model's runs for seed {seed}")
 
 
 def _static_hint(got, want, eos) -> str:
     if got[: len(want)] == want and len(got) > len(want):
         if want and want[-1] == eos:
-            return f" It continued after its EOS (id {eos}): cut each list right after its EOS."
+            why = (" (an id above 256: compare token ids with ==, not `is`; Python shares only the ints up "
+                   "to 256)") if eos > 256 else ""
+            return f" It continued after its EOS (id {eos}): cut each list right after its EOS{why}."
         return f" It is longer than max_tokens={len(want)}: no row may have more than max_tokens tokens."
     if got == want[:-1] and want[-1] == eos:
         return f" The EOS (id {eos}) itself is missing: keep it as the list's last token."
@@ -296,8 +328,7 @@ def _expect_pass_count(shown, passes, want, max_tokens, eos):
 
 @check("static_generate", forbidden=lambda: (_course_lib_batching().static_generate,))
 def check_static_generate(impl, seed, allow_reference):
-    model, cases = _static_cases(seed)
-    for label, prompts, max_tokens, eos, want in cases:
+    for model, label, prompts, max_tokens, eos, want in _static_cases(seed):
         shown, rows, passes = _run_static("static_generate", impl, model, label, prompts, max_tokens, eos,
                                           allow_reference)
         _expect_tokens(shown, prompts, rows, want, eos)
@@ -319,8 +350,7 @@ def check_static_generate(impl, seed, allow_reference):
 
 @check("static_generate_cached", forbidden=lambda: (_course_lib_batching().static_generate_cached,))
 def check_static_generate_cached(impl, seed, allow_reference):
-    model, cases = _static_cases(seed)
-    for label, prompts, max_tokens, eos, want in cases:
+    for model, label, prompts, max_tokens, eos, want in _static_cases(seed):
         shown, rows, passes = _run_static("static_generate_cached", impl, model, label, prompts, max_tokens,
                                           eos, allow_reference)
         B, L = len(prompts), max(len(p) for p in prompts)

@@ -60,9 +60,11 @@ class _SpyAdmission:
 
     def can_admit(self, request, num_new_tokens, cached_pages, kv, running) -> bool:
         self.calls += 1
-        if self.limit is None:
-            return True
-        return sum(1 for r in running if r.finish_reason is None) < self.limit
+        return self.allows(request, running)
+
+    def allows(self, request, running) -> bool:
+        """The verdict without counting a call (the inspector asks it too)."""
+        return self.limit is None or sum(1 for r in running if r.finish_reason is None) < self.limit
 
 
 class _PickyAdmission:
@@ -76,11 +78,15 @@ class _PickyAdmission:
         self.refused: list[str] = []
 
     def can_admit(self, request, num_new_tokens, cached_pages, kv, running) -> bool:
-        busy = any(r.finish_reason is None for r in running)
-        if busy and request.num_prompt_tokens > self.longest:
+        if not self.allows(request, running):
             self.refused.append(request.request_id)
             return False
         return True
+
+    def allows(self, request, running) -> bool:
+        """The verdict without recording a refusal (the inspector asks it too)."""
+        busy = any(r.finish_reason is None for r in running)
+        return not (busy and request.num_prompt_tokens > self.longest)
 
 
 def _ids(requests) -> list[str]:
@@ -90,8 +96,9 @@ def _ids(requests) -> list[str]:
 class _Inspector:
     """Wraps the engine's scheduler.schedule to check every decision against the rules."""
 
-    def __init__(self, engine, scenario: str, ample: bool, chunked: bool):
+    def __init__(self, engine, scenario: str, ample: bool, chunked: bool, admission):
         self.engine, self.scenario, self.ample, self.chunked = engine, scenario, ample, chunked
+        self.admission = admission
         self.sched = engine.scheduler
         self.step = 0
         self.preempting_steps = 0
@@ -174,7 +181,44 @@ class _Inspector:
                    f"{cfg.max_num_seqs} seats, so {want} should run after schedule(), but {len(live)} do: "
                    "admit waiting requests into every free seat in the same step (the turnstile), not only when "
                    "the batch is empty or one per step")
+        self._expect_budget_spent(where, out, total, before_running, skipped)
         return out
+
+    def _fits(self, pending: int, left: int) -> int:
+        """Tokens of `pending` a step with `left` of its budget can still give (0: none): chunked, as many
+        as are left; unchunked, all of them or nothing (all of a bigger one when nobody used any)."""
+        if self.chunked:
+            return min(pending, left)
+        return pending if pending <= left or left == self.engine.config.max_num_batched_tokens else 0
+
+    def _expect_budget_spent(self, where, out, total, before_running, skipped):
+        """Rules 3 and 4 in every scenario: budget left at the end of schedule() means nobody who could
+        use it was passed over, neither a running request nor the head of the queue."""
+        sched, cfg = self.sched, self.engine.config
+        left = cfg.max_num_batched_tokens - total
+        for r in skipped:
+            pending = r.num_tokens - r.num_computed_tokens
+            if self._fits(pending, left):
+                fail(f"{where}: running request {r.request_id} ({pending} token(s) pending) got no tokens although "
+                     f"{left} of the step's {cfg.max_num_batched_tokens}-token budget was left: expected every "
+                     "running request to advance, in seat order, while the budget allows")
+        # The queue's head: only without prefix caching (looking up its prefix would move the cache's counters).
+        if out.preempted or not sched.waiting or self.engine.prefix_cache is not None:
+            return
+        if len(sched.running) >= cfg.max_num_seqs:
+            return
+        head = sched.waiting[0]
+        pending = head.num_tokens - head.num_computed_tokens
+        n = self._fits(pending, left)
+        if n and sched.kv.can_allocate(head, n) and self.admission.allows(head, sched.running):
+            alone = (" (chunking off: a prompt bigger than the whole budget runs alone, in a step where nobody "
+                     "else used any budget)") if not self.chunked and pending > cfg.max_num_batched_tokens else ""
+            fail(f"{where}: {len(sched.running)} of {cfg.max_num_seqs} seats taken, {left} of the "
+                 f"{cfg.max_num_batched_tokens}-token budget left and pages free, yet the head of the queue "
+                 f"{head.request_id} ({pending} token(s) pending"
+                 + ("" if self.chunked else ", chunking off") + f") was not admitted: expected it to start "
+                 f"with {n} tokens in this step (a free seat is refilled while the budget and the pages allow)"
+                 + alone)
 
     def after_step(self, engine):
         sched, kv, pool = self.sched, engine.kv, engine.pool
@@ -206,7 +250,7 @@ def _add_all(engine, specs):
 
 def _scripted_engine(impl, config: EngineConfig, admission, specs, scenario, ample, chunked=True):
     engine = LLMEngine(fixtures.scripted_model_config(), config, scheduler=impl, admission=admission)
-    inspector = _Inspector(engine, scenario, ample, chunked)
+    inspector = _Inspector(engine, scenario, ample, chunked, admission)
     _add_all(engine, specs)
     return engine, inspector
 
@@ -270,6 +314,13 @@ def check_StudentScheduler(impl, seed, allow_reference):
                   EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=8, admission="none"),
                   _SpyAdmission(), specs, "budget of 8 tokens per step", ample=False)
 
+    # 2b. A budget smaller than the seats: every step runs out of budget mid-batch, down to its last
+    #     token (which the next running request, or the head's one-token chunk, must still get).
+    _run_scripted(impl, name, allow_reference,
+                  EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=3, admission="none"),
+                  _SpyAdmission(), [(1, 6), (2, 6), (1, 6), (2, 5), (1, 4)], "budget of 3 tokens, 4 seats",
+                  ample=False)
+
     # 3. Chunked prefill switched off: a prompt is scheduled whole or not at all, and one bigger than the
     #    whole budget runs in a step of its own (else it would wait forever).
     specs = [(rng.randint(20, 30), rng.randint(2, 6)) for _ in range(3)]
@@ -279,6 +330,14 @@ def check_StudentScheduler(impl, seed, allow_reference):
                                enable_chunked_prefill=False),
                   _SpyAdmission(), specs, "enable_chunked_prefill=False, budget 64, one prompt longer than 64",
                   ample=False, chunked=False)
+
+    # 3b. Chunked prefill off, an exact fit: a 10- and a 54-token prompt fill the first step's 64 tokens
+    #     together (a prompt exactly as long as the budget left still fits).
+    _run_scripted(impl, name, allow_reference,
+                  EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=64, admission="none",
+                               enable_chunked_prefill=False),
+                  _SpyAdmission(), [(10, 3), (54, 3)],
+                  "enable_chunked_prefill=False, budget 64, prompts of 10 and 54 tokens", ample=False, chunked=False)
 
     # 4. The admission policy is obeyed.
     spy = _SpyAdmission(limit=2)

@@ -91,6 +91,16 @@ def padding_waste_no_validation(prompt_lens, output_lens):
     return (total - sum(p + o - 1 for p, o in pairs)) / total
 
 
+def padding_waste_validates_outputs_only(prompt_lens, output_lens):
+    """Right formula; validates what a first draft thinks of: too many prompt lengths, an output of 0.
+    Fewer prompt lengths than output lengths, or a prompt of 0 tokens, pass silently."""
+    if not prompt_lens or len(prompt_lens) > len(output_lens) or min(output_lens) < 1:
+        raise ValueError(f"bad lengths: {prompt_lens}, {output_lens}")
+    b = len(prompt_lens)
+    total = b * max(prompt_lens) + b * (max(output_lens) - 1)
+    return (total - sum(prompt_lens) - sum(n - 1 for n in output_lens)) / total
+
+
 class _PaddedCausal:
     def __init__(self, mask, use_mask=True):
         self.mask, self.use_mask = mask, use_mask
@@ -110,7 +120,8 @@ class _PaddedCausal:
 
 @torch.inference_mode()
 def _static(model, prompts, max_tokens, eos_id, left=True, use_mask=True, cut_after_eos=True,
-            keep_eos=True, stop_on_first=False, stop_when_done=True, drop_finished=False):
+            keep_eos=True, stop_on_first=False, stop_when_done=True, drop_finished=False, eos_by_identity=False):
+    is_eos = (lambda token: token is eos_id) if eos_by_identity else (lambda token: token == eos_id)
     seqs = [list(p) for p in prompts]
     outs = [[] for _ in prompts]
     done = [False] * len(prompts)
@@ -140,12 +151,12 @@ def _static(model, prompts, max_tokens, eos_id, left=True, use_mask=True, cut_af
         for row, token in enumerate(logits.argmax(-1).tolist()):
             if done[row] and cut_after_eos:
                 continue
-            if token == eos_id and not keep_eos:
+            if is_eos(token) and not keep_eos:
                 done[row] = True
                 continue
             outs[row].append(token)
             seqs[row].append(token)
-            if token == eos_id:
+            if is_eos(token):
                 done[row] = True
         if stop_on_first and any(done):
             break
@@ -207,7 +218,8 @@ def static_generate_uses_a_cache(model, prompts, max_tokens, eos_id):
 @torch.inference_mode()
 def _cached(model, prompts, max_tokens, eos_id, decode_positions_from_columns=False, decode_position_shift=0,
             mask_prompt_pads=True, stop_when_done=True, extra_step=False, prefill_by_columns=False,
-            keep_eos=True, feed_last_prompt_token=False):
+            keep_eos=True, feed_last_prompt_token=False, eos_by_identity=False):
+    is_eos = (lambda token: token is eos_id) if eos_by_identity else (lambda token: token == eos_id)
     ids, mask = _pad(prompts, 0)
     B, L = ids.shape
     cache = ContiguousKVCache(model, B, L + max_tokens + 1)
@@ -228,11 +240,11 @@ def _cached(model, prompts, max_tokens, eos_id, decode_positions_from_columns=Fa
         for row, token in enumerate(tokens):
             if not live[row]:
                 continue
-            if token == eos_id and not keep_eos:
+            if is_eos(token) and not keep_eos:
                 done[row] = True
                 continue
             outs[row].append(token)
-            done[row] = token == eos_id
+            done[row] = is_eos(token)
         if stop_when_done and all(done):
             break
         if step == max_tokens - 1 + (1 if extra_step else 0):
@@ -292,17 +304,29 @@ def cached_feeds_stale_token(model, prompts, max_tokens, eos_id):
     return _cached(model, prompts, max_tokens, eos_id, feed_last_prompt_token=True)
 
 
+def static_generate_eos_by_identity(model, prompts, max_tokens, eos_id):
+    """Compares token ids with `is`: right while ids are below 257 (ints Python shares), a row never
+    stops at a larger EOS id (every real vocabulary's)."""
+    return _static(model, prompts, max_tokens, eos_id, eos_by_identity=True)
+
+
+def cached_eos_by_identity(model, prompts, max_tokens, eos_id):
+    """The cached loop comparing token ids with `is` (a row never stops at an EOS id above 256)."""
+    return _cached(model, prompts, max_tokens, eos_id, eos_by_identity=True)
+
+
 MUTANTS = {
     "pad_batch": [pad_batch_right, pad_batch_inverted_mask, pad_batch_int_mask, pad_batch_ignores_pad_id,
                   pad_batch_mask_from_ids, pad_batch_accepts_empty],
     "padding_waste": [padding_waste_decodes_max_steps, padding_waste_prefill_only, padding_waste_over_useful,
-                      padding_waste_useful_fraction, padding_waste_no_validation],
+                      padding_waste_useful_fraction, padding_waste_no_validation,
+                      padding_waste_validates_outputs_only],
     "static_generate": [static_generate_right_padding, static_generate_attends_to_padding, static_generate_no_eos_cut,
                         static_generate_drops_eos, static_generate_stops_at_first_eos, static_generate_runs_max_tokens,
                         static_generate_one_at_a_time, static_generate_drops_finished_rows,
-                        static_generate_uses_a_cache],
+                        static_generate_uses_a_cache, static_generate_eos_by_identity],
     "static_generate_cached": [cached_recomputes_everything, cached_decode_positions_are_columns,
                                cached_decode_position_off_by_one, cached_attends_to_prompt_padding,
                                cached_runs_max_tokens, cached_one_token_too_many, cached_prefills_column_by_column,
-                               cached_drops_eos, cached_feeds_stale_token],
+                               cached_drops_eos, cached_feeds_stale_token, cached_eos_by_identity],
 }

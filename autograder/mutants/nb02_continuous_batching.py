@@ -240,6 +240,36 @@ class ChunksBelowTheBudget(_Scheduler):
         return super()._chunk(pending, budget)
 
 
+class ExactFitWaits(_Scheduler):
+    """With chunking off, a prompt exactly as long as the budget left is refused (< where <= is meant)."""
+
+    def _chunk(self, pending, budget):
+        if self.enable_chunked_prefill:
+            return min(pending, budget)
+        return pending if pending < budget or budget == self.max_num_batched_tokens else 0
+
+
+class LastTokenOfBudgetUnused(_Scheduler):
+    """Stops serving once a single token of budget is left (budget > 1 where budget > 0 is meant): the
+    last running decode, or the head's one-token chunk, waits for the next step."""
+
+    def _serve_running(self, out, budget):
+        i = 0
+        while i < len(self.running) and budget > 1:
+            request = self.running[i]
+            n = self._chunk(request.num_pending_tokens, budget)
+            if n == 0 or not self._room(request, n, out):
+                break
+            self.kv.allocate(request, n)
+            out.scheduled.append(self._entry(request, n))
+            budget -= n
+            i += 1
+        return budget
+
+    def _may_admit(self, out, budget):
+        return super()._may_admit(out, budget) and budget > 1
+
+
 def occupancy_unweighted(step_stats, max_num_seqs):
     """Averages over steps without weighting by their durations."""
     if not step_stats:
@@ -287,7 +317,8 @@ MUTANTS = {
     "StudentScheduler": [NeverRetires, LeaksPages, WaitsForEmptyBatch, OneAdmissionPerStep, IgnoresTokenBudget,
                          NoPreemption, AdmitsBeforeRunning, IgnoresAdmissionPolicy, AlwaysChunks,
                          AdmitsAfterPreempting, SkipsRefusedHead, IgnoresPrefixCache, PendingCountsCachedTokens,
-                         EntryBeforeAdmitting, BigPromptWaitsForever, ChunksBelowTheBudget],
+                         EntryBeforeAdmitting, BigPromptWaitsForever, ChunksBelowTheBudget, ExactFitWaits,
+                         LastTokenOfBudgetUnused],
     "mean_batch_occupancy": [occupancy_unweighted, occupancy_not_a_fraction, occupancy_counts_waiting,
                              occupancy_no_fallback, occupancy_empty_crashes],
 }
