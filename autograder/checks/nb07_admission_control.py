@@ -1,9 +1,12 @@
-"""Checks for notebook 07 (admission control): the watermark policy, and the preemption report.
+"""Checks for notebook 07 (admission control): the watermark policy, the preemption report, the
+break-it experiment the student designs, and preemption by recompute written by the student.
 
 The policy is compared with its definition on a grid of pool states (free pages, the request's
 own need, cached pages to revive, the exact boundary), then plugged into the real engine: under
 load every one of its decisions is compared with the definition at the moment it is made, and a
-float64 model served through it must keep its greedy tokens.
+float64 model served through it must keep its greedy tokens. The recompute hooks
+(`SchedulerBase.choose_victim` / `preempt`, overridden on course_lib's ContinuousScheduler) are
+called on a live engine, then serve a thrashing float64 workload next to course_lib's scheduler.
 """
 from __future__ import annotations
 
