@@ -5,7 +5,7 @@ only, TPOT over n - 1 gaps, numpy's linear-interpolation percentiles, throughput
 makespan) on hand-built RequestOutputs: failed and aborted requests that finish last, one-token
 answers, an idle gap with nothing in flight (it counts in the makespan), zero-length steps (a
 TTFT of 0 at time 0, several tokens in one instant: a TPOT of 0), a run that takes no time at all
-(throughput 0.0); the counters `completed` and `output_tokens` must be exact. `run_closed_loop` drives a scripted engine whose clock
+(throughput 0.0), and one where nothing has finished yet; the counters `completed` and `output_tokens` must be exact. `run_closed_loop` drives a scripted engine whose clock
 advances by one per step, so "the next request is sent the moment the previous one finishes"
 is an exact equation: after every step, sent = min(num_requests, num_users + finished). One case
 serves fewer seats than users (`max_num_seqs < num_users`): requests queue on the server, in the
@@ -100,6 +100,9 @@ def _summary_cases(rng: random.Random):
     cases.append(zero)
     # 7. A run that took no time at all: every time is 0.0; throughput 0.0, percentiles all 0.0.
     cases.append([_record(i, 0.0, 0.0, n, 0.0, scheduled_delay=0.0) for i, n in enumerate((1, 2, 3))])
+    # 8. Nothing has finished yet (finish_time None): no completed request, no latency, no output token
+    #    (so 0.0 tok/s, whatever the span), one request still waiting for its first token.
+    cases.append([_record(0, 0.0, 0.4, 3, 0.1, reason=None), _record(1, rng.uniform(0.1, 1), None, 0, 0.0, reason=None)])
     return cases
 
 
@@ -119,7 +122,8 @@ def _summary(records, *, include_failed=False, tpot_div=lambda n: n - 1, ttft_fr
     tpot = [(r.finish_time - r.first_token_time) / tpot_div(len(r.token_ids)) for r in done
             if r.first_token_time is not None and len(r.token_ids) >= 2]
     latency = [r.finish_time - r.arrival_time for r in done]
-    span = max(r.finish_time for r in records if r.finish_time is not None) - min(r.arrival_time for r in records)
+    finishes = [r.finish_time for r in records if r.finish_time is not None]
+    span = max(finishes) - min(r.arrival_time for r in records) if finishes else 0.0
     if busy_time:  # the mistake: only the time something was in flight
         span = _busy_time(records)
     tokens = sum(len(r.token_ids) for r in done)
@@ -237,15 +241,36 @@ def _make_prompt(vocab):
     return make_prompt
 
 
+IDLE_STEPS = 50  # engine.step() calls with nothing left to serve before the loop counts as endless
+
+
+def _stop_an_endless_loop(engine, shown):
+    """Fail at once (instead of at the grader's time limit) when the loop keeps stepping an engine
+    that has nothing left to serve: it would never end."""
+    real_step, idle = engine.step, [0]
+
+    def step():
+        idle[0] = 0 if engine.has_unfinished_requests else idle[0] + 1
+        if idle[0] > IDLE_STEPS:
+            fail(f"{shown} called engine.step() {IDLE_STEPS} times in a row with no request left to serve "
+                 f"({len(engine.requests)} sent, all finished): the loop never ends. Stop when all num_requests "
+                 "requests have finished")
+        return real_step()
+
+    engine.step = step
+
+
 def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_num_seqs=None):
     mc = fixtures.scripted_model_config()
     engines, prompts_made = [], []
     inner = _make_prompt(mc.vocab_size)
 
     def make_engine():
-        engine = LLMEngine(mc, EngineConfig(page_size=4, num_pages=400, max_num_seqs=max_num_seqs or num_users + 2,
-                                            max_num_batched_tokens=512, admission="none"), clock=fixtures.StepClock())
+        engine = LLMEngine(mc, EngineConfig(page_size=4, num_pages=max(400, 6 * (num_users + 2)),
+                                            max_num_seqs=max_num_seqs or num_users + 2, max_num_batched_tokens=512,
+                                            admission="none"), clock=fixtures.StepClock())
         engines.append(engine)
+        _stop_an_endless_loop(engine, shown)
         return engine
 
     def make_prompt(rng):
@@ -329,3 +354,6 @@ def check_run_closed_loop(impl, seed, allow_reference):
     _closed_loop_case(impl, 1, rng.randint(3, 5), seed + 3, allow_reference)  # one user: strictly one at a time
     _closed_loop_case(impl, rng.randint(4, 6), rng.randint(10, 14), seed + 2, allow_reference,
                       max_num_seqs=2)  # fewer seats than users: a queue on the server
+    # More than 256 requests: counts compared with `is` / `is not` (identity, not value) break past
+    # CPython's small-int cache.
+    _closed_loop_case(impl, 260, 270, seed + 4, allow_reference)

@@ -163,18 +163,18 @@ def check_page_keys(impl, seed, allow_reference):
 
 
 @contextlib.contextmanager
-def _colliding_hash(kind: str, target: tuple, victim: tuple = ()):
+def _colliding_hash(kind: str, target: tuple, victims: tuple = ()):
     """Swap builtins.hash for one that forces a collision while the cache runs.
 
-    'tokens': a tuple equal to `victim` (the probe's page) hashes like `target` (a registered page),
-    also inside a bigger tuple such as (parent, tokens): the keys collide, the tokens differ.
+    'tokens': a tuple equal to one of `victims` (probe pages) hashes like `target` (a registered
+    page), also inside a bigger tuple such as (parent, tokens): the keys collide, the tokens differ.
     'parent': any tuple holding `target` hashes as if its other items were 0: the page's key ignores
     its parent, so the same tokens after another prefix collide."""
     real = builtins.hash
 
     def canon(obj):
         if isinstance(obj, tuple):
-            if kind == "tokens" and obj == victim:
+            if kind == "tokens" and obj in victims:
                 return target
             if kind == "parent" and target in obj and obj != target:
                 return tuple(x if x == target else 0 for x in obj)
@@ -357,37 +357,93 @@ def _eviction(impl, rng):
 
 
 def _collisions(impl, rng):
-    """Hash collisions at every position of a chain, on the tokens and on the parent."""
+    """Hash collisions at every position k of a chain, looked up and registered: on the page's tokens
+    (probe pages one token below and above the cached page's, so that neither order of comparison
+    passes for equality), and on the parent (the same tokens after a chain registered before the
+    cached one, and after one registered after it)."""
     n = 4
     for k in range(n):
-        c = _Cache(impl)
-        x, y = _tokens(rng, 4 * n), _tokens(rng, 4 * n)
-        px, _ = c.register_chain(x)
-        py, _ = c.register_chain(y)
-        # Tokens: the probe's page k differs from X's page k, but hashes the same.
-        victim = tuple(_tokens(rng, 4))
-        probe = x[:4 * k] + list(victim) + x[4 * (k + 1):]
-        with _colliding_hash("tokens", tuple(x[4 * k:4 * (k + 1)]), victim):
+        _token_collision(impl, rng, n, k)
+        if k:
+            _parent_collision(impl, rng, n, k)
+
+
+def _token_collision(impl, rng, n, k):
+    c = _Cache(impl)
+    x = _tokens(rng, 4 * n)
+    px, sx = c.register_chain(x)
+    parent = sx[k - 1] if k else ROOT
+    page = tuple(x[4 * k:4 * (k + 1)])
+    victims = ((page[0] - 1,) + page[1:], (page[0] + 1,) + page[1:])  # below and above it in tuple order
+    sibling = None
+    if k + 1 < n:  # X's page k + 1 tokens, registered right under X's page k - 1: reachable only past a miss
+        sibling = c.pool.allocate(1)[0]
+        c.register(sibling, parent, x[4 * (k + 1):4 * (k + 2)])
+    with _colliding_hash("tokens", page, victims):
+        for victim in victims:
+            probe = x[:4 * k] + list(victim) + x[4 * (k + 1):]
             got, _ = c.lookup(probe, n)
-        if got != px[:k]:
+            if got == px[:k]:
+                continue
+            if got[:k] == px[:k] and sibling in got[k:]:
+                fail(f"{NAME}: X's pages are {px}. A probe equal to X except in page {k} ({victim}, whose hash was "
+                     f"forced equal to X's page {k} {page}) was looked up: expected {px[:k]}, got {got}. The key of "
+                     f"page {k} matched but its tokens did not, and the lookup went on to page {sibling} (registered "
+                     f"with X's page {k + 1} tokens right after X's page {k - 1}). A failed confirmation is a miss: "
+                     "the lookup stops there")
             fail(f"{NAME}: X's pages are {px}. A probe equal to X except in page {k}, whose tokens {victim} differ from "
-                 f"X's page {k} {tuple(x[4 * k:4 * (k + 1)])} but hash the same (forced collision), was looked up: "
-                 f"expected {px[:k]}, got {got}. Every hit must be confirmed against the page's stored tokens: hash "
-                 "collisions happen, and a key match alone is not proof")
-        if k == 0:
-            continue
-        # Parent: Y's first k pages, then X's page k: same tokens as X's page k, but after Y's prefix.
-        probe = y[:4 * k] + x[4 * k:]
-        c = _Cache(impl)  # registered while the parent-blind hash is in force, so that the keys collide
-        with _colliding_hash("parent", tuple(x[4 * k:4 * (k + 1)])):
-            px, _ = c.register_chain(x)
-            py, _ = c.register_chain(y)
-            got, _ = c.lookup(probe, n)
-        if got != py[:k]:
-            fail(f"{NAME}: X's pages are {px}, Y's {py}. The probe Y[:{k} pages] + X[page {k}:] was looked up while the "
-                 f"hash of page {k} ignored its parent (forced collision with X's page {k}): expected Y's {py[:k]}, "
-                 f"got {got}. A hit must also confirm the entry's stored parent serial: X's page {k} hangs under X's "
-                 f"page {k - 1}, not under Y's")
+                 f"X's page {k} {page} but hash the same (forced collision), was looked up: expected {px[:k]}, got "
+                 f"{got}. Every hit must be confirmed against the page's stored tokens: hash collisions happen, and a "
+                 "key match alone is not proof")
+        for victim in victims:
+            new = c.pool.allocate(1)[0]
+            serial = c.register(new, parent, victim)
+            if serial == sx[k]:
+                fail(f"{NAME}: X's page {k} (page {px[k]}, tokens {page}, parent {parent}) is cached with serial "
+                     f"{sx[k]}. register({new}, {parent}, {victim}), whose tokens differ but hash the same (forced "
+                     f"collision), returned {serial}, the serial of page {px[k]}: only a page with the same parent AND "
+                     "the same tokens is a duplicate; a colliding page gets an identity of its own (the pages "
+                     f"computed after it are not page {px[k]}'s successors)")
+            got, _ = c.lookup(x, n)
+            expect(got == px, f"{NAME}: after register({new}, {parent}, {victim}), a page whose hash collides with "
+                              f"X's page {k} {page} (forced), lookup(X) must still return X's pages {px}, got {got}: a "
+                              "colliding page must not replace or hide the cached one")
+            got, _ = c.lookup(x[:4 * k] + list(victim), n)
+            expect(got in (px[:k], px[:k] + [new]),
+                   f"{NAME}: X's pages are {px}; page {new} was registered with tokens {victim} after X's first {k} "
+                   f"page(s), while its hash collided with X's page {k} (forced). Looking up X[:{k} pages] + {victim} "
+                   f"must return {px[:k]} (the colliding page kept private) or {px[:k] + [new]} (kept apart from X's "
+                   f"page {k}), got {got}")
+
+
+def _parent_collision(impl, rng, n, k):
+    """X's page k tokens after W's first k pages (W registered before X) and after Y's (after X)."""
+    c = _Cache(impl)  # registered while the parent-blind hash is in force, so that the keys collide
+    w, x, y = _tokens(rng, 4 * n), _tokens(rng, 4 * n), _tokens(rng, 4 * n)
+    page = tuple(x[4 * k:4 * (k + 1)])
+    with _colliding_hash("parent", page):
+        (pw, sw), (px, sx), (py, sy) = c.register_chain(w), c.register_chain(x), c.register_chain(y)
+        for name, other, pages in (("W", w, pw), ("Y", y, py)):
+            got, _ = c.lookup(other[:4 * k] + x[4 * k:], n)
+            if got != pages[:k]:
+                fail(f"{NAME}: W's pages are {pw}, X's {px}, Y's {py} (registered in that order). The probe "
+                     f"{name}[:{k} pages] + X[page {k}:] was looked up while the hash of page {k} ignored its parent "
+                     f"(forced collision with X's page {k}): expected {name}'s {pages[:k]}, got {got}. A hit must "
+                     f"also confirm the entry's stored parent serial (equal, not ordered): X's page {k} hangs under "
+                     f"X's page {k - 1}, not under {name}'s")
+        for name, serials in (("W", sw), ("Y", sy)):
+            new = c.pool.allocate(1)[0]
+            serial = c.register(new, serials[k - 1], page)
+            if serial == sx[k]:
+                fail(f"{NAME}: X's page {k} (page {px[k]}, tokens {page}) is cached under parent {sx[k - 1]} with "
+                     f"serial {sx[k]}. register({new}, {serials[k - 1]}, {page}), the same tokens after {name}'s page "
+                     f"{k - 1} while the hash ignored the parent (forced collision), returned {serial}, the serial of "
+                     f"page {px[k]}: only a page with the same parent AND the same tokens is a duplicate (compare "
+                     "the parents for equality); a colliding page gets an identity of its own")
+            got, _ = c.lookup(x, n)
+            expect(got == px, f"{NAME}: after register({new}, {serials[k - 1]}, {page}) (X's page {k} tokens after "
+                              f"{name}'s page {k - 1}, hash forced to collide), lookup(X) must still return {px}, "
+                              f"got {got}")
 
 
 def _engine_run(cache_factory, seed, waves):

@@ -168,11 +168,29 @@ def closed_loop_waits_for_a_seat(make_engine, num_users, num_requests, make_prom
     return _closed_loop(make_engine, num_users, num_requests, make_prompt, seed, throttle=True)
 
 
+
+def closed_loop_counts_by_identity(make_engine, num_users, num_requests, make_prompt, seed):
+    """Compares counts with `is not` (identity): right up to 256, endless beyond (larger ints are
+    distinct objects, so len(finished) is never num_requests)."""
+    engine = make_engine()
+    rng = random.Random(seed)
+    order, finished = [], {}
+    for _ in range(min(num_users, num_requests)):
+        order.append(engine.add_request(*make_prompt(rng)))
+    while len(finished) is not num_requests:
+        for out in engine.step():
+            if out.finished and out.request_id not in finished:
+                finished[out.request_id] = out
+                if len(order) < num_requests:
+                    order.append(engine.add_request(*make_prompt(rng)))
+    return [finished[rid] for rid in order]
+
 MUTANTS = {
     "latency_summary": [summary_nearest_rank, summary_unsorted, summary_tpot_over_n, summary_includes_failed,
                         summary_ttft_from_scheduling, summary_truthy_times, summary_busy_time,
                         summary_counts_failed_as_completed],
     "run_closed_loop": [closed_loop_all_at_once, closed_loop_waves, closed_loop_one_user,
                         closed_loop_one_refill_per_step, closed_loop_one_extra, closed_loop_finish_order,
-                        closed_loop_rng_per_request, closed_loop_waits_for_a_seat],
+                        closed_loop_rng_per_request, closed_loop_waits_for_a_seat,
+                        closed_loop_counts_by_identity],
 }

@@ -291,10 +291,22 @@ class LookupCountsToo(_Cache):
         return pages, serial
 
 
+
+class RegisterTrustsTheHash(_Cache):
+    """Confirms its lookups, but register takes any key match for a duplicate: a page whose hash merely
+    collides with a cached one gets that page's serial, so its successors chain onto the wrong prefix."""
+
+    def register(self, page, parent_serial, tokens):
+        existing = self.key_to_page.get(hash((parent_serial, tuple(tokens))))
+        if existing is not None:
+            return self.entries[existing][1]
+        return super().register(page, parent_serial, tokens)
+
 MUTANTS = {
     "page_keys": [keys_not_chained, keys_include_partial_page, keys_drop_last_full_page, keys_chained_on_position,
                   keys_xor_of_pages, keys_sum_of_page, keys_sorted_page, keys_salted_with_length],
     "StudentPrefixCache": [TrustsTheHash, ConfirmsTokensOnly, EvictDoesNothing, HooksNotInstalled, LookupSkipsMisses,
                            LookupIgnoresMaxPages, LookupReturnsRootSerial, HitRateIntegerDivision, KeyedOnPosition,
-                           EvictKeepsKey, DuplicateTakesOver, ConfirmsTokensPresent, LookupCountsToo],
+                           EvictKeepsKey, DuplicateTakesOver, ConfirmsTokensPresent, LookupCountsToo,
+                           RegisterTrustsTheHash],
 }
