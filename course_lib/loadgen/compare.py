@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from course_lib.sim.metrics import values_of
 from course_lib.viz.figure import new_figure
@@ -35,6 +36,7 @@ def measured_vs_predicted(runs: Mapping[str, Sequence], metrics: Sequence[str] =
         ax.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
         ax.set_xlabel(PANELS.get(metric, metric))
         ax.set_xlim(left=0)
+        ax.xaxis.set_major_locator(MaxNLocator(5))  # five-digit milliseconds must not collide
         ax.set_ylim(0, 1.02)
     axes[0].set_ylabel("fraction of requests")
     # "outside": constrained layout (new_figure's) makes room for the legend above the panels.
