@@ -277,6 +277,10 @@ def _triton_cases(seed: int):
          _case(rng, 2, 1, 8, 3, [rng.randint(2, 9), 15], f32, scale=0.37, table_slack=6)),
         ("scores growing along the sequence into the thousands (the running max rises in every block), scale 25",
          _case(rng, 2, 2, 16, 8, [rng.randint(33, 40), 16], f32, scale=25.0, table_slack=3, growing=True)),
+        # The first row is filled exactly (no padding column): a read past it lands in the next row.
+        ("GQA (4 query heads, 2 KV heads) with head_dim 12, not a power of two (the tile pads it to 16); a sequence "
+         "whose pages fill its block-table row exactly (16 tokens, 4 pages of 4, no padding column)",
+         _case(rng, 4, 2, 12, 4, [16, rng.randint(2, 7)], f32, table_slack=0)),
     ]
 
 
