@@ -91,24 +91,28 @@ def generate(exercise: Exercise) -> list[tuple[Mutant, str]]:
     from cosmic_ray.mutating import mutate_code
 
     source = reference_path(exercise).read_text(encoding="utf-8")
-    lines = source.splitlines()
+    lines = source.splitlines(keepends=True)
     first, last = _definition_span(source, exercise.adapter)
+    # cosmic-ray re-parses what it mutates for every mutant: hand it the definition alone (a
+    # top-level def or class parses by itself) and splice each result back into the module.
+    before, definition, after = "".join(lines[:first - 1]), "".join(lines[first - 1:last]), "".join(lines[last:])
     seen: set[str] = set()
     out = []
-    nodes = list(ast_nodes(get_ast(source)))  # parsed once: finding positions does not change the tree
+    nodes = list(ast_nodes(get_ast(definition)))  # parsed once: finding positions does not change the tree
     for op_name, operator in _operators():
         positions = [start for node in nodes for start, _ in operator.mutation_positions(node)]
         for occurrence, (line, _col) in enumerate(positions):
-            if not first <= line <= last:
+            mutated_definition = mutate_code(definition, operator, occurrence)
+            if mutated_definition is None or mutated_definition == definition:
                 continue
-            mutated = mutate_code(source, operator, occurrence)
-            if mutated is None or mutated in seen or mutated == source:
+            mutated = before + mutated_definition + after
+            if mutated in seen:
                 continue
             seen.add(mutated)
-            mutated_lines = mutated.splitlines()
-            after = mutated_lines[line - 1].strip() if line - 1 < len(mutated_lines) else ""
-            out.append((Mutant(exercise.adapter, op_name.split("/")[-1], occurrence, line,
-                               lines[line - 1].strip(), after), mutated))
+            mutated_lines = mutated_definition.splitlines()
+            changed = mutated_lines[line - 1].strip() if line - 1 < len(mutated_lines) else ""
+            out.append((Mutant(exercise.adapter, op_name.split("/")[-1], occurrence, first - 1 + line,
+                               lines[first - 2 + line].strip(), changed), mutated))
     return out
 
 
