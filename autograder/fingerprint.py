@@ -110,7 +110,7 @@ def source_functions(source: str, where: str) -> dict[str, str]:
 def known_sources() -> dict[str, str]:
     """Fingerprints of course_lib's functions and the answer key's (computed once per grader)."""
     known: dict[str, str] = {}
-    for package in ("course_lib", "autograder/reference"):
+    for package in ("course_lib", "autograder/reference", "autograder/controls"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
             try:
@@ -137,16 +137,34 @@ def source_matches(cells: list[tuple[int, str]]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _code_hash(code: types.CodeType) -> str:
-    parts = [code.co_code, repr(code.co_names).encode(), repr(code.co_argcount).encode()]
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            parts.append(_code_hash(const).encode())
-        elif isinstance(const, str) and const == (code.co_consts[0] if code.co_consts else None):
-            continue  # the docstring (or the first string constant): dropped
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+
+
+def _instructions(code: types.CodeType) -> list[str]:
+    """The code's instructions, blind to what depends on where it was compiled: method loads (the
+    compiler writes `torch.tensor(...)` as LOAD_METHOD or as LOAD_GLOBAL NULL + LOAD_ATTR depending
+    on context), jump offsets (cache sizes differ with them) and nested code objects' addresses."""
+    out = []
+    for ins in dis.get_instructions(code):
+        name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
+        if ins.opcode in _JUMPS:
+            arg = ""
+        elif isinstance(ins.argval, types.CodeType):
+            arg = _code_hash(ins.argval)
         else:
-            parts.append(repr(const).encode())
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:24]
+            arg = ins.argrepr.replace("NULL + ", "").replace("NULL|self + ", "")
+        out.append(f"{name} {arg}")
+    return out
+
+
+def _code_hash(code: types.CodeType) -> str:
+    docstring = code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
+    parts = [repr(code.co_argcount)]
+    for line in _instructions(code):
+        if docstring is not None and line == f"LOAD_CONST {docstring!r}":
+            continue
+        parts.append(line)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
 def _codes_of(obj, depth=0):
@@ -186,7 +204,7 @@ def code_fingerprints(obj) -> list[list[str]]:
 def known_code() -> dict[str, str]:
     """hash -> 'module.qualname' of every function compiled from course_lib's and the answer key's files."""
     known: dict[str, str] = {}
-    for package in ("course_lib", "autograder/reference"):
+    for package in ("course_lib", "autograder/reference", "autograder/controls"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
             try:

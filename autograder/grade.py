@@ -1,27 +1,24 @@
 """`python -m autograder grade NOTEBOOK... --json PATH`: grade submissions without nbgrader's database.
 
-For each submitted notebook:
+For each submitted notebook (docs/grading.md has the whole story):
 
-1. **Find its source** in `--source-dir` (the instructor's nbgrader source, e.g. `solutions/`):
-   `<source-dir>/<assignment>/<name>.ipynb`, matched by the submission's folder and file name.
+1. **Find its source** in `--source-dir` (the instructor's nbgrader source, e.g. `solutions/`).
 2. **Restore** what the student may not change (nbgrader's autograde semantics, keyed by
-   `metadata.nbgrader.grade_id`): graded test cells and read-only ("locked") cells are replaced
-   by the source's version, hidden tests (`### BEGIN HIDDEN TESTS`) included; deleted ones are
-   put back where they belong; points and metadata always come from the source. Answer cells
-   keep the student's code. Cells the student added stay.
-3. **Scan** the student's code for what touches the grader or the interpreter's internals
-   (`scan_source`); a hit withholds the notebook's credit (the feedback names the line).
-4. **Execute** in a fresh kernel (`kernel_name` explicit, per-cell timeout, errors allowed so that
-   an unfinished exercise costs only its own cells). A cell that times out is interrupted; if the
-   kernel does not recover, or if it dies (`os._exit`, segfault), a new kernel replays the cells
-   before it and grading goes on. An integrity guard runs first and wraps every test cell
-   (`autograder.integrity`).
-5. **Score** each graded test cell like nbgrader: full points if it ran without an error and
-   without writing to stderr, 0 otherwise (a numeric result is partial credit), plus: the
-   guard's completion marker must be in its output. Feedback is the error's message.
+   `metadata.nbgrader.grade_id`): graded test cells and read-only cells from the source, hidden
+   tests included; deleted ones put back; points and metadata always from the source.
+3. **Scan** the student's code (`scan_source`: evidence that zeroes the notebook) and fingerprint
+   it (`autograder.fingerprint`: copies, flagged for review).
+4. **Execute** in a sandbox of its own (`autograder.sandbox`, `autograder.sandbox_exec`): a fresh
+   kernel, cell by cell, per-cell timeout, a time budget, restarts after a kernel dies, outputs
+   capped; the in-kernel guard (`autograder.integrity`) wraps every test cell, and every check
+   call is recorded as plain data (`autograder.record`).
+5. **Decide in the grader**: each test cell's checks are replayed from the record in this process
+   (`autograder.verdict`, `autograder.replay`); a cell earns its points only if it passed in the
+   kernel (nbgrader's rule plus the guard's marker) AND every check passes in replay.
 
 Writes `{"score", "max_score", "notebooks": [{"path", "score", "max_score", "cells": [...]}]}`;
 each cell has `cell_id`, `grade_id`, `score`, `max_score`, `passed`, `status`, `feedback`.
+Many submissions: `autograder.batch` (workers, one JSON each, summary.csv, resume).
 """
 from __future__ import annotations
 

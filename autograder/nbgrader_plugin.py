@@ -8,10 +8,11 @@ integrity violation anywhere, every graded test cell of the notebook gets one; t
 their own source back and the setup cell is removed, so the feedback shows the notebook as the
 student wrote it.
 
-What nbgrader's flow does NOT give you (use `python -m autograder grade` for those): the scan of
-the student's code, kernels that import a private copy of the course packages (so a submission
-that rewrites a check file on disk is caught and harms no one else), and recovery from a kernel
-that dies mid-notebook.
+What nbgrader's flow does NOT give you (use `python -m autograder grade` for those): a sandbox per
+submission (nbgrader runs the student's code in the grader's own account), the verdict decided in
+the grader's process by replaying the sandbox's record (here the in-kernel guard is all there is),
+copy flags, the scan of the student's code, time budgets and output caps, and recovery from a
+kernel that dies mid-notebook. Use nbgrader's flow for your own notebooks (and the demo).
 """
 from __future__ import annotations
 

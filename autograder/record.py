@@ -48,6 +48,19 @@ def start(path: str) -> None:
     SESSION = Session(path)
 
 
+def _counterpart_code(exercise: str):
+    """The code object of the exercise's counterpart when it is a plain function (None otherwise:
+    a class may be an allowed base that the student's subclass calls into)."""
+    from .exercises import BY_ADAPTER
+
+    e = BY_ADAPTER.get(exercise)
+    if e is None or not e.counterpart:
+        return None
+    module_name, _, name = e.counterpart.partition(":")
+    value = getattr(sys.modules.get(module_name), name, None)
+    return getattr(value, "__code__", None)
+
+
 def _counterpart_files(exercise: str) -> dict[str, str]:
     from .exercises import BY_ADAPTER
 
@@ -61,13 +74,15 @@ def _counterpart_files(exercise: str) -> dict[str, str]:
 
 class _ThreadWatch:
     """Calls into the exercise's course_lib counterpart while the check runs: from threads started
-    during the check (any call), and on the check's own thread from the student's code (a call
-    whose caller is a notebook cell or the student's module; the check's own calls do not count).
+    during the check (any call into its module), and on the check's own thread a call of the
+    counterpart function itself by the student's code (its caller is a notebook cell or the
+    student's module; the check's own calls, and a subclass calling an allowed base, do not count).
     A check that bans such calls itself installs its own profiler inside its block (this one is
     then off, and back when the block ends): a check without a ban is still watched."""
 
     def __init__(self, exercise: str):
         self.files = _counterpart_files(exercise)
+        self.code = _counterpart_code(exercise)
         self.hits: list[str] = []
         self.installed = False
 
@@ -85,13 +100,13 @@ class _ThreadWatch:
                 self._note(frame, "another thread")
 
         def this_thread(frame, event, arg):
-            if event == "call" and frame.f_code.co_filename in self.files:
+            if event == "call" and frame.f_code is self.code:
                 caller = frame.f_back
                 if caller is not None and is_user_file(caller.f_code.co_filename):
                     self._note(frame, "called by your code")
 
         threading.setprofile(other_threads)
-        if sys.getprofile() is None:
+        if self.code is not None and sys.getprofile() is None:
             sys.setprofile(this_thread)
             self.installed = True
         return self

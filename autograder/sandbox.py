@@ -4,7 +4,8 @@ What the notebook's kernel (and everything it starts) gets:
 
 - a new mount namespace whose root is empty but for: the system (`/usr`, `/etc`, read-only), the
   Python installation (read-only), the course's code (`course_lib/`, `autograder/` at `/course`,
-  read-only, with `autograder/reference/`, the answer key, hidden under an empty folder), the job
+  read-only, with `autograder/reference/` (the answer key), `controls/` and `mutants/` hidden under
+  empty folders), the job
   (`/job`: the notebook to run, read-only), a writable `/work` (the cwd, the submission's data
   files) and `/out` (what comes back), a private `/tmp` (tmpfs, size-capped);
 - no view of the grader's files, the sources (`solutions/`), the source cache or any other
@@ -44,6 +45,9 @@ BWRAP_ENV = "AUTOGRADER_BWRAP"  # the bubblewrap binary, if not `bwrap` on PATH
 def bwrap() -> str:
     return os.environ.get(BWRAP_ENV, "bwrap")
 UID_BASE, UID_COUNT = 60000, 1000
+# Folders of autograder/ that hold right answers (the answer key, the checks' controls: correct
+# solutions written differently) or the grader's mutants: hidden in the sandbox.
+INSTRUCTOR_ONLY = ("reference", "controls", "mutants")
 LOCK_DIR = Path("/tmp/autograder-uids")
 
 
@@ -107,8 +111,9 @@ def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
     args += ["--perms", "0755", "--dir", "/course",
              "--ro-bind", str(ROOT / "course_lib"), "/course/course_lib",
              "--ro-bind", str(ROOT / "autograder"), "/course/autograder"]
-    if (ROOT / "autograder" / "reference").is_dir():
-        args += ["--tmpfs", "/course/autograder/reference"]  # the answer key: not for students' eyes
+    for private in INSTRUCTOR_ONLY:  # the answer key and the other right answers: not for students' eyes
+        if (ROOT / "autograder" / private).is_dir():
+            args += ["--tmpfs", f"/course/autograder/{private}"]
     args += ["--dev", "/dev", "--proc", "/proc",
              "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
              "--ro-bind", str(job / "in"), "/job",

@@ -195,6 +195,21 @@ def kv_bytes_per_token(config, bytes_per_elem):
 ''', "contiguous_cache.kv_bytes_per_token (called by your code)"),
 }
 
+# A student's own pad_batch (the solution notebook's is the answer key itself, which is flagged).
+HONEST_PAD = '''import torch
+
+
+def pad_batch(prompts, pad_id):
+    if not prompts:
+        raise ValueError("no prompts to pad")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs a token")
+    width = max(map(len, prompts))
+    rows = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
+    real = [[False] * (width - len(p)) + [True] * len(p) for p in prompts]
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(real, dtype=torch.bool)
+'''
+
 # A process that outlives the kernel: it rewrites what the sandbox returns, tries the grader's
 # own files, and would keep running if nothing killed it (its command line carries a tag).
 DETACHED_TAG = f"attack-detached-{secrets.token_hex(6)}"
@@ -347,12 +362,13 @@ def batch(tmp_path_factory):
     paths.append(_write(base, "output_100mb", attack(source, HUGE_OUTPUT)))
     paths.append(_write(base, "notebook_1mb", attack(source, _one_megabyte())))
     paths.append(_write(base, "honest_last", honest(source)))
-    paths.append(_write(base, "honest_pad_last", honest(sources[PAD]), PAD))
+    paths.append(_write(base, "honest_pad_last", with_answer(honest(sources[PAD]), PAD[1], HONEST_PAD), PAD))
     paths.append(_write(base, "released_last", released_submission(source)))
-    solutions = {p: p.read_bytes() for p in (ROOT / "solutions").glob("*/*.ipynb")}
+    # (solutions/ itself is not compared: other people edit it while this runs; no sandbox mounts it)
+    sources_before = {p: p.read_bytes() for p in source_dir.rglob("*.ipynb")}
     result = G.grade(paths, source_dir=source_dir, timeout=60, html_dir=base / "html", jobs=2, out_dir=out,
                      roots=[base / "submitted"], progress=False)
-    assert {p: p.read_bytes() for p in solutions} == solutions, "a submission changed the repository's solutions/"
+    assert {p: p.read_bytes() for p in sources_before} == sources_before, "a submission changed the sources"
     grades.write_text(json.dumps(result))
     return base, result, _by_student(result)
 
@@ -403,6 +419,7 @@ def test_a_detached_process_dies_with_its_sandbox_and_changes_nothing(batch):
 
 
 def test_rewriting_the_sources_changes_no_other_grade(batch):
+    """(The fixture checks that the sources' files are unchanged.)"""
     _, _, by = batch
     assert by["rewrites_sources"]["score"] == 0
     # graded after it (and alongside): still against the real tests
