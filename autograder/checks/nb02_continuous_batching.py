@@ -201,9 +201,10 @@ class _Inspector:
         left = cfg.max_num_batched_tokens - total
         for r in skipped:
             pending = r.num_tokens - r.num_computed_tokens
-            if self._fits(pending, left):
+            if self._fits(pending, left) and sched.kv.can_allocate(r, pending):
                 fail(f"{where}: running request {r.request_id} ({pending} token(s) pending) got no tokens although "
-                     f"{left} of the step's {cfg.max_num_batched_tokens}-token budget was left: expected every "
+                     f"{left} of the step's {cfg.max_num_batched_tokens}-token budget was left and pages were free: "
+                     "expected every "
                      "running request to advance, in seat order, while the budget allows")
         # The queue's head: only without prefix caching (looking up its prefix would move the cache's counters).
         if not sched.waiting or self.engine.prefix_cache is not None:
@@ -213,7 +214,8 @@ class _Inspector:
         head = sched.waiting[0]
         pending = head.num_tokens - head.num_computed_tokens
         n = self._fits(pending, left)
-        if n and sched.kv.can_allocate(head, n) and self.admission.allows(head, sched.running):
+        # Pages for all its pending tokens, not just the chunk: then every reading of "the pages allow" agrees.
+        if n and sched.kv.can_allocate(head, pending) and self.admission.allows(head, sched.running):
             alone = (" (chunking off: a prompt bigger than the whole budget runs alone, in a step where nobody "
                      "else used any budget)") if not self.chunked and pending > cfg.max_num_batched_tokens else ""
             fail(f"{where}: {len(sched.running)} of {cfg.max_num_seqs} seats taken, {left} of the "

@@ -101,8 +101,55 @@ def sweep_event_driven(budgets, specs, make_engine, submit):
 
 
 
+class WholePromptPagesScheduler(SchedulerBase):
+    """Cautious about pages: a waiting request starts only when the pages for ALL its pending tokens are
+    free, even if it starts with a chunk (a reading of "its pages are free" the rules allow). Walks the
+    running requests over a snapshot, with the budget kept as a list of per-request grants."""
+
+    def schedule(self):
+        out = SchedulerOutput()
+        cap = self.max_num_batched_tokens
+        grants = []  # tokens given so far this step
+
+        def grant(pending):
+            left = cap - sum(grants)
+            if self.enable_chunked_prefill:
+                return min(pending, left)
+            return pending if pending <= left or left == cap else 0
+
+        for request in list(self.running):
+            if request not in self.running:  # preempted earlier in this step
+                break
+            n = grant(request.num_pending_tokens) if sum(grants) < cap else 0
+            if n == 0 or not self._make_room(request, n, out):
+                break
+            self.kv.allocate(request, n)
+            out.scheduled.append(ScheduledRequest(request.request_id, n, request.num_computed_tokens,
+                                                  request.num_computed_tokens + n == request.num_tokens))
+            grants.append(n)
+        while not out.preempted and self.waiting and len(self.running) < self.max_num_seqs and sum(grants) < cap:
+            head = self.waiting[0]
+            cached = self.kv.lookup_prefix(head)
+            pending = head.num_tokens - len(cached) * self.kv.page_size
+            n = grant(pending)
+            if n == 0 or not self.kv.can_allocate(head, pending, cached):  # room for the whole of it
+                break
+            if not self.admission.can_admit(head, n, cached, self.kv, self.running):
+                break
+            self._admit(self.waiting.popleft(), n, cached)
+            start = head.num_computed_tokens
+            out.scheduled.append(ScheduledRequest(head.request_id, n, start, start + n == head.num_tokens))
+            grants.append(n)
+        return out
+
+    def finish(self, request):
+        self.running = [r for r in self.running if r is not request]
+        self.kv.free(request)
+        return [request]
+
+
 CONTROLS = {
-    "StudentScheduler": [PlanThenCommitScheduler],
+    "StudentScheduler": [PlanThenCommitScheduler, WholePromptPagesScheduler],
     "mean_batch_occupancy": [occupancy_with_numpy],
     "budget_sweep": [sweep_event_driven],
 }
