@@ -8,7 +8,16 @@ between the two worlds:
 - every student object the grader's side sees is a proxy (an *S-handle*), every grader object
   the student's side sees is a proxy too (a *G-handle*), each numbered in order of appearance;
 - values that are data (None, bool, int, float, str, bytes, tuples, lists, dicts, sets, tensors,
-  numpy arrays, course_lib enums and course_lib dataclasses) cross as copies, never as live objects;
+  numpy arrays, course_lib enums and course_lib dataclasses) cross as copies, never as live objects,
+  with one exception: a list, dict or set the student's side *reaches inside* a grader object (an
+  attribute, an item, the next element, what a container's own method hands out: a request's
+  `output_token_ids`, a kv manager's `tables`) is grader state, and crosses live as a G-handle, so
+  that the student's `output.append(token)` changes the grader's own list (an `O` event, re-done in
+  replay) instead of a copy that nobody reads; iterating a grader container whose elements are not
+  containers themselves takes one snapshot (one event) rather than one event per element. A
+  grader object's own state (a course_lib `Request`) is never copied to the student's side: it is
+  a G-handle, so every change the student's code (or course_lib code it inherits, running on the
+  student's side) makes to it is an event;
 - in RECORD mode (inside the sandbox, in the student's kernel) each crossing is an event: the
   grader's side asks (`S`: handle, operation, a digest of the arguments) and the student's side
   answers (`Sr` with the result, or `Sx` with the exception), and in between the student's code
@@ -102,19 +111,43 @@ def _apply(target, op: str, name, args, kwargs):
 
 # What student code may do to the grader's objects. A call back into the grader is re-done in
 # the grader's own process at replay, with arguments read from the record (which the student can
-# write): so no private or dunder attribute (`__class__.__base__.__subclasses__()`, `__globals__`
-# lead to `os.system` in the grader), and no module, frame, code object or traceback ever becomes
-# a handle (their public attributes lead there too).
+# write): so no dunder attribute (`__class__.__base__.__subclasses__()`, `__globals__` lead to
+# `os.system` in the grader), and no module, frame, code object or traceback ever becomes a handle
+# (their attributes lead there too). Single-underscore names stay allowed: course_lib's own code
+# runs on the student's side too (an engine the student builds reads a model's `_parameters`).
 _NEVER_HANDED_OVER = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
 
 
 def callback_refusal(op: str, name, result=None) -> str | None:
     """Why the grader refuses this use of its object (None if it is allowed)."""
-    if op in ("getattr", "setattr", "delattr") and (not isinstance(name, str) or name.startswith("_")):
-        return f"the grader's objects do not share their private attributes ({name!r})"
+    if op in ("getattr", "setattr", "delattr") and (not isinstance(name, str) or name.startswith("__")):
+        return f"the grader's objects do not share their special attributes ({name!r})"
     if isinstance(result, _NEVER_HANDED_OVER):
         return f"the grader does not hand over a {type(result).__name__} object"
     return None
+
+
+_MUTABLE = (list, dict, set)
+
+
+def _holds_containers(values) -> bool:
+    return any(type(x) in _MUTABLE or (type(x) is tuple and _holds_containers(x)) for x in values)
+
+
+def crossing(op: str, target, args, result):
+    """How the result of the student's `op` on a grader object crosses (the same rule in both runs,
+    on the grader's own objects): ("live", result) for a container it holds (grader state: the
+    student's changes to it must reach it), ("snapshot", elements) for iterating a container of
+    non-containers, ("copy", result) otherwise (a fresh value: nobody else can see it change)."""
+    if op == "iter" and type(target) in (list, tuple, set, frozenset, dict) and not _holds_containers(target):
+        return "snapshot", list(target)
+    if type(result) not in _MUTABLE:
+        return "copy", result
+    if op in ("getattr", "next") or (op == "getitem" and not isinstance(args[0], slice)):
+        return "live", result
+    if op == "call" and type(getattr(target, "__self__", None)) in _MUTABLE:  # dict.get, setdefault, pop
+        return "live", result
+    return "copy", result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -770,8 +803,9 @@ class Membrane:
         if refused:
             self._poison(f"event {self.pos - 1}: {refused}")
         self.depth += 1
+        target = self.g_objs[h]
         try:
-            result = _apply(self.g_objs[h], op, name, args, kwargs)
+            result = _apply(target, op, name, args, kwargs)
         except (Divergence, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - the grader's object refused: the record must say so too
@@ -789,7 +823,7 @@ class Membrane:
         end = self._next(("Or", "Ox"), "result")
         if end["k"] != "Or":
             self._poison(f"event {self.pos - 1}: the record says the grader's {op} {name or ''} raised, it did not")
-        mine = self.encode(result, "G", full_tensors=False)
+        mine = self._enc_result(*crossing(op, target, args, result))
         if not _same_shape(mine, end.get("v")):
             self._poison(f"event {self.pos - 1}: the grader's {op} {name or ''} returned something else than "
                          "the record says")
@@ -805,8 +839,9 @@ class Membrane:
         enc_args = self.encode([list(args), kwargs], "S", full_tensors=True)
         self._emit({"k": "O", "h": h, "op": op, "n": name, "a": enc_args})
         g_args, g_kwargs = self.decode(enc_args, "G")
+        target = self.g_objs[h]
         try:
-            result = _apply(self.g_objs[h], op, name, g_args, g_kwargs)
+            result = _apply(target, op, name, g_args, g_kwargs)
             refused = callback_refusal(op, name, result)
             if refused:
                 raise TypeError(refused)
@@ -815,9 +850,18 @@ class Membrane:
         except Exception as exc:  # noqa: BLE001 - the student sees the grader's exception
             self._emit({"k": "Ox", "e": exception_info(exc)})
             raise
-        self._emit({"k": "Or", "v": self.encode(result, "G", full_tensors=False)})
+        how, result = crossing(op, target, g_args, result)
+        self._emit({"k": "Or", "v": self._enc_result(how, result)})
         _write_back(list(args) + list(kwargs.values()), list(g_args) + list(g_kwargs.values()))
-        return self.to_student(result, live_tensors=True)
+        if how == "live":
+            return self._g_proxy(self._register_g(result))
+        mine = self.to_student(result, live_tensors=True)
+        return iter(mine) if how == "snapshot" else mine
+
+    def _enc_result(self, how, result):
+        if how == "live":
+            return {"G": self._register_g(result)}
+        return self.encode(result, "G", full_tensors=False)
 
     # -- hooks the checks read (profiler hits, line counts, the reference refusal) ------------------
     def hook(self, kind: str, value):
