@@ -9,7 +9,8 @@ The cache is checked on its own (lookup, the stop at the first miss, max_pages, 
 page, duplicates, eviction through the pool's hooks, re-registering an evicted prefix, exact
 counters), under forced hash collisions at every position of a chain (the builtin `hash` is
 swapped, while the cache runs, for one that makes the probe's page collide with the registered
-one: on its tokens, or on its parent), and inside the real engine: a float64 model serves prompts
+one: on its tokens, or on its parent; looked up and registered, in both orders), and inside the
+real engine: a float64 model serves prompts
 that share prefixes from a pool small enough that cached pages are evicted and registered again;
 greedy tokens must not change, and the counters must equal those of course_lib's cache serving
 the same requests.
