@@ -104,6 +104,21 @@ def test_streaming_gives_the_same_tokens_then_usage_and_done(client, tiny):
     assert all(e["choices"][0]["finish_reason"] is None for e in chunks[:-1])
 
 
+def test_stream_min_tokens_bundles_every_chunk_after_the_first(client, server, tiny):
+    body = {"prompt": "countdown: 12", "max_tokens": 40, "temperature": 0, "stream": True, "return_token_ids": True}
+    interval = server.state.stream_interval_s
+    server.state.stream_min_tokens, server.state.stream_interval_s = 4, 0.0  # tokens decide, not time
+    try:
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            chunks = sse_events(r)[:-1]
+    finally:
+        server.state.stream_min_tokens, server.state.stream_interval_s = 1, interval
+    sizes = [len(e["choices"][0]["token_ids"]) for e in chunks]
+    assert [t for e in chunks for t in e["choices"][0]["token_ids"]] == in_process(tiny, "countdown: 12", 40)
+    assert sizes[0] >= 1 and all(n >= 4 for n in sizes[1:-1]), sizes  # the first at once, the last whatever is left
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_length_limit_finishes_with_length(client):
     r = client.post("/v1/completions", json={"prompt": "countdown: 40", "max_tokens": 5, "temperature": 0})
     assert r.json()["choices"][0]["finish_reason"] == "length"
@@ -235,7 +250,12 @@ def test_client_leaving_mid_stream_frees_its_pages_at_once(server):
     sock = socket.create_connection((server.host, server.port), timeout=10)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert b"data: " in sock.recv(4096)  # the stream has begun: the request holds pages
+    received = b""
+    while b"data: " not in received:  # the headers may come in a packet of their own
+        piece = sock.recv(4096)
+        assert piece, f"the server closed the stream before its first event: {received!r}"
+        received += piece
+    # the stream has begun: the request holds pages
     wait_until(lambda: loop.stats["pages_used"] > 0, what="pages in use")
     sock.close()
     wait_until(lambda: loop.stats["num_running"] == 0 and loop.stats["pages_used"] == 0

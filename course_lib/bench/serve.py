@@ -2,6 +2,7 @@
 concurrent clients vs `LLMEngine.generate` in this process, on the same prompts, side by side.
 
     python -m course_lib bench serve [--streams 64] [--requests 256] [--max-tokens 64] [--repeats 2]
+        [--stream-interval-ms MS] [--stream-min-tokens N]      # the server's chunking, if not its default
 
 Both sides serve the same greedy requests (the tiny model's task prompts, a fixed answer length
 through `ignore_eos`) with the same EngineConfig, 64 at a time: `generate` gets all prompts at
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="alternating runs of each side; the best is compared")
     p.add_argument("--stream-interval-ms", type=float, default=None,
                    help="the server's --stream-interval-ms (default: the server's default)")
+    p.add_argument("--stream-min-tokens", type=int, default=None,
+                   help="the server's --stream-min-tokens (default: the server's default)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for flag in ("streams", "requests", "max_tokens", "repeats"):
@@ -112,6 +115,8 @@ def main(argv=None) -> int:
     server_args = ["--max-num-seqs", str(args.streams)]
     if args.stream_interval_ms is not None:
         server_args += ["--stream-interval-ms", str(args.stream_interval_ms)]
+    if args.stream_min_tokens is not None:
+        server_args += ["--stream-min-tokens", str(args.stream_min_tokens)]
     server = ServerProcess(server_args)
     try:
         asyncio.run(over_http(server.url, prompts[:8], 8, 8))

@@ -49,6 +49,9 @@ class ServeState:
     # and a write, about as much as computing a token of the tiny model, so sending every token
     # alone would halve throughput under 64 streams. 0 sends each token as it comes.
     stream_interval_s: float = 0.005
+    # ... and, after the first, carry at least this many tokens (or the last ones): when a step takes
+    # longer than the interval, time alone never bundles anything. 1: time decides alone.
+    stream_min_tokens: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: object = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: os.urandom(3).hex())
@@ -156,6 +159,7 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
     with_ids = parsed.return_token_ids
     finished = False
     interval, sent = state.stream_interval_s, None
+    min_tokens, held = state.stream_min_tokens, []  # held: tokens waiting for company
     try:
         if stream.kind == "chat":
             yield render.chunk("", None, [] if with_ids else None, first=True)
@@ -168,8 +172,12 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
             items += stream.get_nowait_all()  # everything that piled up: one chunk
             if any(item is None for item in items):
                 return  # the client has gone
-            new_ids = [t for d in items for t in d.new_token_ids]
+            new_ids = held + [t for d in items for t in d.new_token_ids]
             final = items[-1] if items[-1].finished else None
+            if final is None and sent is not None and len(new_ids) < min_tokens:
+                held = new_ids
+                continue
+            held = []
             if final is not None and final.finish_reason == "error":
                 finished = True
                 yield frame(json.dumps(error_body(final.error or "engine error", "server_error", None,

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--open-dashboard", action="store_true", help="open /dashboard in a browser once up")
     s.add_argument("--stream-interval-ms", type=float, default=5.0,
                    help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
+    s.add_argument("--stream-min-tokens", type=int, default=1,
+                   help="after its first chunk, a stream's chunks carry at least this many tokens (or its last ones)")
     s.add_argument("--burst-max-tokens", type=int, default=48, help="max_tokens of the dashboard's burst requests")
     s.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                    help="stop when process PID stops being this server's parent (it died): what a notebook sets")
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.stream_interval_ms < 0:
         parser.error(f"--stream-interval-ms must be >= 0, got {args.stream_interval_ms}")
-    for flag in ("port", "threads", "burst_max_tokens"):
+    for flag in ("port", "threads", "burst_max_tokens", "stream_min_tokens"):
         if getattr(args, flag) < (0 if flag == "port" else 1):
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     try:
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
               f"you trust only)", flush=True)
     serve_forever(engine, tokenizer, name, host=args.host, port=args.port, max_waiting=args.max_waiting,
                   dashboard=not args.no_dashboard, log_level=args.log_level, open_browser=args.open_dashboard,
-                  burst_max_tokens=args.burst_max_tokens, stream_interval_ms=args.stream_interval_ms)
+                  burst_max_tokens=args.burst_max_tokens, stream_interval_ms=args.stream_interval_ms,
+                  stream_min_tokens=args.stream_min_tokens)
     return 0
 
 

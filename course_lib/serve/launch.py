@@ -68,11 +68,13 @@ SWITCH_INTERVAL_S = float(os.environ.get("COURSE_SERVE_SWITCH_INTERVAL", "0.0005
 
 def serve_forever(engine, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                   max_waiting: int | None = None, dashboard: bool = True, log_level: str = "warning",
-                  open_browser: bool = False, burst_max_tokens: int = 48, stream_interval_ms: float = 5.0) -> None:
+                  open_browser: bool = False, burst_max_tokens: int = 48, stream_interval_ms: float = 5.0,
+                  stream_min_tokens: int = 1) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     state = build_server_state(engine, tokenizer, model_name, max_waiting=max_waiting)
     state.burst_max_tokens = burst_max_tokens
     state.stream_interval_s = stream_interval_ms / 1000.0
+    state.stream_min_tokens = stream_min_tokens
     server = _uvicorn_server(make_app(state, dashboard=dashboard), host, port, log_level)
     if open_browser:
         import webbrowser
