@@ -202,9 +202,9 @@ def _compare(name, label, impl, case, tol):
     diff = (got.double().cpu() - want).abs().nan_to_num(nan=float("inf"))
     err = diff.max().item()
     if not err <= tol:
-        s = int(diff.amax(dim=(1, 2)).argmax())
-        fail(f"{shown}: wrong output (max error {err:.3g} > {tol:g}, worst on sequence {s} of length {int(lens[s])}: "
-             f"expected {want[s, 0, :3].tolist()}..., got {got[s, 0, :3].double().tolist()}... for head 0)."
+        s, h = divmod(int(diff.amax(dim=2).argmax()), diff.shape[1])
+        fail(f"{shown}: wrong output (max error {err:.3g} > {tol:g}, worst on sequence {s} of length {int(lens[s])}, "
+             f"query head {h}: expected {want[s, h, :3].tolist()}..., got {got[s, h, :3].double().tolist()}...)."
              f"{_hint(case, got)}")
 
 
@@ -277,10 +277,11 @@ def _triton_cases(seed: int):
          _case(rng, 2, 1, 8, 3, [rng.randint(2, 9), 15], f32, scale=0.37, table_slack=6)),
         ("scores growing along the sequence into the thousands (the running max rises in every block), scale 25",
          _case(rng, 2, 2, 16, 8, [rng.randint(33, 40), 16], f32, scale=25.0, table_slack=3, growing=True)),
-        # The first row is filled exactly (no padding column): a read past it lands in the next row.
-        ("GQA (4 query heads, 2 KV heads) with head_dim 12, not a power of two (the tile pads it to 16); a sequence "
-         "whose pages fill its block-table row exactly (16 tokens, 4 pages of 4, no padding column)",
-         _case(rng, 4, 2, 12, 4, [16, rng.randint(2, 7)], f32, table_slack=0)),
+        # Padded tiles in both directions, and the first row filled exactly (no padding column): a read past
+        # it lands in the next row.
+        ("GQA (6 query heads, 2 KV heads: groups of 3, tile rows padded to 4) with head_dim 12 (padded to 16); a "
+         "sequence whose pages fill its block-table row exactly (16 tokens, 4 pages of 4, no padding column)",
+         _case(rng, 6, 2, 12, 4, [16, rng.randint(2, 7)], f32, table_slack=0)),
     ]
 
 
