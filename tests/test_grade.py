@@ -397,7 +397,13 @@ def test_demo_course_runs_real_nbgrader_on_a_tiny_assignment(tmp_path):
 # The course's own notebooks round-trip
 # ---------------------------------------------------------------------------------------------
 
-SOLUTIONS = sorted(p for p in (ROOT / "solutions").glob("*/*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+def _has_graded_cells(path: Path) -> bool:
+    return any(G.is_test_cell(c) for c in nbformat.read(path, as_version=4).cells)
+
+
+# Notebooks with nothing to grade (a demo) are not graded: no score to round-trip.
+SOLUTIONS = sorted(p for p in (ROOT / "solutions").glob("*/*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts and _has_graded_cells(p))
 
 
 def test_solutions_exist():
