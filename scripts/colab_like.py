@@ -58,6 +58,9 @@ COLAB_PACKAGES = [
     "ipython==7.34.0",
     "ipykernel==6.17.1",
     "ipywidgets==7.7.1",
+    # Colab's CUDA torch brings the triton it was built with (notebook 04 imports it; on a CPU it
+    # runs its kernels in the interpreter). Here: the triton paired with this torch, as in dev.
+    "triton==3.9.0",
 ]
 PACKAGE = "llm-serving-course"
 
@@ -68,6 +71,22 @@ STANDIN_OUTPUT = '''"""google.colab.output, as far as notebooks call it."""
 
 def enable_custom_widget_manager():
     """On Colab this lets third-party widgets render; here there is nothing to enable."""
+
+
+def serve_kernel_port_as_iframe(port, path="/", width="100%", height="400", cache_in_notebook=False):
+    """On Colab: an iframe showing what the kernel serves on `port`, through Colab's proxy. Here the
+    same iframe, straight at localhost (nothing is proxied)."""
+    from IPython.display import IFrame, display
+
+    display(IFrame(f"http://localhost:{int(port)}{path}", width=width, height=height))
+
+
+def serve_kernel_port_as_window(port, path="/", anchor_text=None):
+    """On Colab: a link opening the kernel's `port` in a new tab. Here the same link, at localhost."""
+    from IPython.display import HTML, display
+
+    url = f"http://localhost:{int(port)}{path}"
+    display(HTML(f'<a href="{url}" target="_blank">{anchor_text or url}</a>'))
 '''
 LAUNCHER = '''"""Start an IPython kernel the way Colab's starts: google.colab already imported."""
 import google.colab  # noqa: F401
@@ -120,6 +139,8 @@ def write_kernel(home: Path, venv: Path, wheel: Path) -> dict:
         "display_name": "Colab-like (CPU)",
         "language": "python",
         "env": {"PYTHONPATH": str(standin), "COURSE_WHEEL": str(wheel), "MPLBACKEND": "agg",
+                # ipykernel 6.17's debugger warns about frozen modules at every start: noise here
+                "PYDEVD_DISABLE_FILE_VALIDATION": "1",
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
