@@ -14,16 +14,22 @@ fresh module and graded by the exercise's check on every graded seed (`Exercise.
   survivors are listed, each with a one-line reason, in
   `autograder/mutation_equivalents/<notebook module>.json` (one file per notebook) and reported apart; the goal is >= 95% of the others killed for every exercise.
 
-Mutants run in worker processes (`--jobs`, default: the cores) that import torch once and
-are killed by a per-mutant alarm (`--timeout`), so an infinite loop costs one timeout.
+Each mutant runs in a child forked from the command's process (torch and the checks imported once),
+`--jobs` at a time (default: the cores); an alarm (`--timeout`) stops an infinite loop, and a child
+that dies (a Triton kernel writing out of bounds) or hangs outside Python counts as killed.
+For the Triton exercise the kernel the student completes is mutated too, and the interpreter is
+given the mutated source.
 Writes a JSON report (`--json`) and prints a markdown table (docs/grading.md keeps the latest).
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import json
+import linecache
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -36,6 +42,9 @@ from .exercises import BY_ADAPTER, EXERCISES, Exercise
 HERE = Path(__file__).resolve().parent
 EQUIVALENTS = HERE / "mutation_equivalents"  # one JSON list of {"key", "reason"} per notebook module
 DEFAULT_TIMEOUT = 30.0
+# What is mutated: the adapter's definition, and for the Triton exercise also the kernel the student
+# completes (the adapter there is the given wrapper that launches it).
+EXTRA_TARGETS = {"paged_attention_triton": ("paged_decode_kernel",)}
 # Operators that take arguments (variable replacer / inserter) need a hand-picked pair of names
 # per site; the argument-free core operators cover the realistic slips.
 
@@ -84,19 +93,31 @@ def _operators():
             yield name, cls()
 
 
+def targets(exercise: Exercise) -> tuple[str, ...]:
+    """The top-level definitions of the reference module that the student writes for this exercise."""
+    return (exercise.adapter, *EXTRA_TARGETS.get(exercise.adapter, ()))
+
+
 def generate(exercise: Exercise) -> list[tuple[Mutant, str]]:
-    """Every (mutant, mutated module source) cosmic-ray makes inside the exercise's definition;
+    """Every (mutant, mutated module source) cosmic-ray makes inside the exercise's definitions;
     mutants whose code is identical to another's (two operators, one result) are kept once."""
+    source = reference_path(exercise).read_text(encoding="utf-8")
+    seen: set[str] = set()
+    out = []
+    for name in targets(exercise):
+        out += _generate_in(exercise, source, name, seen)
+    return out
+
+
+def _generate_in(exercise: Exercise, source: str, name: str, seen: set[str]) -> list[tuple[Mutant, str]]:
     from cosmic_ray.ast import ast_nodes, get_ast
     from cosmic_ray.mutating import mutate_code
 
-    source = reference_path(exercise).read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
-    first, last = _definition_span(source, exercise.adapter)
+    first, last = _definition_span(source, name)
     # cosmic-ray re-parses what it mutates for every mutant: hand it the definition alone (a
     # top-level def or class parses by itself) and splice each result back into the module.
     before, definition, after = "".join(lines[:first - 1]), "".join(lines[first - 1:last]), "".join(lines[last:])
-    seen: set[str] = set()
     out = []
     nodes = list(ast_nodes(get_ast(definition)))  # parsed once: finding positions does not change the tree
     for op_name, operator in _operators():
@@ -137,7 +158,11 @@ def _evaluate(job) -> tuple[str, str, float]:
     try:
         namespace = {"__name__": f"autograder.reference.{exercise.module}_mutant"}
         # Compiled under the reference's own file name: the checks count that folder as student code.
-        exec(compile(source, str(reference_path(exercise)), "exec"), namespace)
+        # Triton's interpreter re-reads a kernel's source through linecache: make it the mutant's, not
+        # the file on disk (a mutated kernel would otherwise run unmutated).
+        path = str(reference_path(exercise))
+        linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
+        exec(compile(source, path, "exec"), namespace)
         impl = namespace[adapter]
         check = get_check(adapter)
         for seed in exercise.graded_seeds:
@@ -166,20 +191,70 @@ def load_equivalents(folder: Path = EQUIVALENTS) -> dict[str, str]:
             for e in json.loads(path.read_text(encoding="utf-8"))}
 
 
+def _child(conn, job) -> None:
+    _worker_init()
+    try:
+        conn.send(_evaluate(job))
+    finally:
+        conn.close()
+
+
 def run(exercises: list[Exercise], jobs: int, timeout: float, progress: bool = True) -> list[Outcome]:
+    """Each mutant in a child forked from this process (torch and the checks imported once, before):
+    a mutant that corrupts memory or kills its process (a Triton kernel writing out of bounds does)
+    is killed without taking the run down, and one that outlives `timeout` is killed by the parent
+    too, whatever it is doing."""
     from tqdm.auto import tqdm
 
+    importlib.import_module("autograder.checks")  # imported before forking: every child shares it
+    for e in exercises:  # and warmed: what a check builds lazily on first use is built once, here
+        status, detail, _ = _evaluate((e.adapter, reference_path(e).read_text(encoding="utf-8"), timeout))
+        if status != "survived":
+            raise SystemExit(f"the reference of {e.adapter} fails its own check ({detail}): fix that first")
     work = [(m, src) for e in exercises for m, src in generate(e)]
     equivalents = load_equivalents()
     ctx = multiprocessing.get_context("fork")
+    results: dict[int, tuple[str, str, float]] = {}
+    running: dict[int, tuple] = {}  # index -> (process, pipe, started)
+    pending = list(range(len(work)))
+    bar = tqdm(total=len(work), disable=not progress, desc="mutants", unit="mutant")
+    while pending or running:
+        while pending and len(running) < jobs:
+            i = pending.pop(0)
+            receive, send = ctx.Pipe(duplex=False)
+            mutant, source = work[i]
+            proc = ctx.Process(target=_child, args=(send, (mutant.exercise, source, timeout)), daemon=True)
+            proc.start()
+            send.close()
+            running[i] = (proc, receive, time.perf_counter())
+        multiprocessing.connection.wait([r for _, r, _ in running.values()], timeout=0.5)
+        for i, (proc, receive, started) in list(running.items()):
+            elapsed = time.perf_counter() - started
+            result = None
+            if receive.poll():
+                try:
+                    result = receive.recv()
+                except EOFError:  # it died before answering
+                    proc.join()
+                    result = ("killed", f"the process died (exit code {proc.exitcode})", elapsed)
+            elif elapsed > timeout + 10:  # the child's own alarm could not fire (stuck outside Python)
+                proc.kill()
+                result = ("killed", f"ran past {timeout:g} s", elapsed)
+            elif not proc.is_alive():
+                result = ("killed", f"the process died (exit code {proc.exitcode})", elapsed)
+            if result is not None:
+                proc.join()
+                receive.close()
+                results[i] = result
+                del running[i]
+                bar.update(1)
+    bar.close()
     outcomes = []
-    with ctx.Pool(jobs, initializer=_worker_init, maxtasksperchild=50) as pool:
-        results = pool.imap(_evaluate, [(m.exercise, src, timeout) for m, src in work])
-        for (mutant, _), (status, detail, seconds) in tqdm(zip(work, results), total=len(work), disable=not progress,
-                                                         desc="mutants", unit="mutant"):
-            if status == "survived" and mutant.key in equivalents:
-                status, detail = "equivalent", equivalents[mutant.key]
-            outcomes.append(Outcome(mutant, status, detail, seconds))
+    for i, (mutant, _) in enumerate(work):
+        status, detail, seconds = results[i]
+        if status == "survived" and mutant.key in equivalents:
+            status, detail = "equivalent", equivalents[mutant.key]
+        outcomes.append(Outcome(mutant, status, detail, seconds))
     return outcomes
 
 

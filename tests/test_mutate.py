@@ -20,8 +20,9 @@ def generated():
 def test_every_exercise_has_mutants_inside_its_own_definition(generated):
     for adapter, mutants in generated.items():
         assert mutants, f"cosmic-ray found nothing to mutate in {adapter}'s reference"
-        first, last = mutate._definition_span(mutate.reference_path(BY_ADAPTER[adapter]).read_text(), adapter)
-        assert all(first <= m.line <= last for m, _ in mutants)
+        source = mutate.reference_path(BY_ADAPTER[adapter]).read_text()
+        spans = [mutate._definition_span(source, name) for name in mutate.targets(BY_ADAPTER[adapter])]
+        assert all(any(first <= m.line <= last for first, last in spans) for m, _ in mutants)
         assert len({src for _, src in mutants}) == len(mutants), "duplicate mutants are kept once"
 
 
@@ -48,3 +49,15 @@ def test_a_survivor_is_reported_as_survived(monkeypatch):
     broken = source + "\n\ndef slot_mapping(block_table, page_size, start, count):\n    return [0] * count\n"
     status, detail, _ = mutate._evaluate((exercise.adapter, broken, 20))
     assert status == "killed" and detail
+
+
+def test_a_mutant_that_kills_its_process_counts_as_killed(monkeypatch):
+    """A mutant that takes its process down (a Triton kernel writing out of bounds can) is killed,
+    and the run goes on, instead of waiting forever for a dead worker."""
+    exercise = BY_ADAPTER["slot_mapping"]
+    dies = (mutate.reference_path(exercise).read_text()
+            + "\n\ndef slot_mapping(block_table, page_size, start, count):\n    import os\n    os._exit(3)\n")
+    fake = mutate.Mutant(exercise.adapter, "test", 0, 1, "the reference", "os._exit(3)")
+    monkeypatch.setattr(mutate, "generate", lambda e: [(fake, dies)])
+    [outcome] = mutate.run([exercise], jobs=1, timeout=20, progress=False)
+    assert outcome.status == "killed" and "died" in outcome.detail, outcome
