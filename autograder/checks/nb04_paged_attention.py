@@ -64,14 +64,16 @@ def _case(rng: random.Random, num_heads, num_kv_heads, head_dim, page_size, seq_
     """Random q and caches; each sequence's pages are scattered over the pool, its table padded
     (`table_slack` extra columns at least) with pages it does not own, and EVERY slot it does not
     own holds NaN / +inf / -inf. The last physical page of the pool is never owned (an unmasked
-    read of a few elements past a sequence's last slot stays inside the tensor). `growing`: the
+    read of a few elements past a sequence's last slot stays inside the tensor), and neither is page
+    0: a masked load of a block-table entry yields page 0 (`other=0`), so a kernel that then reads
+    that page's keys or values without masking them meets garbage, as it would on a real cache. `growing`: the
     keys of each sequence line up more and more with its queries, so the scores grow along the
     sequence (a later block always raises the running maximum)."""
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     pages_per_seq = [-(-n // page_size) for n in seq_lens]
     width = max(pages_per_seq) + table_slack
     num_pages = sum(pages_per_seq) + 3
-    owned_order = rng.sample(range(num_pages - 1), num_pages - 1)  # the last page: never owned
+    owned_order = rng.sample(range(1, num_pages - 1), num_pages - 2)  # page 0 and the last page: never owned
     shape = (num_pages, page_size, num_kv_heads, head_dim)
     # Garbage first: a different non-finite value in every neighbouring slot, keys and values offset.
     pattern = torch.tensor(GARBAGE, dtype=torch.float64)
