@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -406,6 +407,15 @@ SOLUTIONS = sorted(p for p in (ROOT / "solutions").glob("*/*.ipynb")
                    if ".ipynb_checkpoints" not in p.parts and _has_graded_cells(p))
 
 
+# Every solution is graded (it must score full marks); the released and the planted-bug versions of
+# these notebooks too: the engine-embedded pieces (02's scheduler, 03's pool and flat batch, 07's
+# preemption) and the cheapest (00). COURSE_GRADE_ROUND_TRIP=all grades those of every notebook
+# (25 kernels, ~12 minutes on 2 cores: too long for CI beside the rest).
+ROUND_TRIP_ALL = os.environ.get("COURSE_GRADE_ROUND_TRIP") == "all"
+FULL_ROUND_TRIP = [p for p in SOLUTIONS if ROUND_TRIP_ALL or p.parent.name in (
+    "00_setup", "02_continuous_batching", "03_paged_kv", "07_admission_control")]
+
+
 def test_solutions_exist():
     if (ROOT / "solutions").is_dir():
         assert SOLUTIONS, "solutions/ exists but holds no <assignment>/<name>.ipynb notebook"
@@ -413,13 +423,15 @@ def test_solutions_exist():
 
 @pytest.fixture(scope="module")
 def round_trip(tmp_path_factory):
-    """One grading batch (two kernels at a time): every solution, every released notebook, and every
-    solution with its end-to-end mutant planted."""
+    """One grading batch (two kernels at a time): every solution, and the released notebook and the
+    solution with its end-to-end mutant planted of each notebook in FULL_ROUND_TRIP."""
     base = tmp_path_factory.mktemp("round-trip")
     kinds, planted = {}, {}
     for src in SOLUTIONS:
         name = src.parent.name
         kinds[src] = ("solution", name)
+        if src not in FULL_ROUND_TRIP:
+            continue
         rel = ROOT / "notebooks" / name / src.name
         if rel.is_file():
             kinds[rel] = ("released", name)
@@ -453,7 +465,7 @@ def test_solution_notebook_scores_full_marks(round_trip, src):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("src", SOLUTIONS, ids=[p.parent.name for p in SOLUTIONS])
+@pytest.mark.parametrize("src", FULL_ROUND_TRIP, ids=[p.parent.name for p in FULL_ROUND_TRIP])
 def test_released_notebook_scores_zero(round_trip, src):
     released_nb = round_trip[0]["released"].get(src.parent.name)
     assert released_nb is not None, f"notebooks/{src.parent.name}/{src.name} is missing: generate it from solutions/"
@@ -463,7 +475,7 @@ def test_released_notebook_scores_zero(round_trip, src):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("src", SOLUTIONS, ids=[p.parent.name for p in SOLUTIONS])
+@pytest.mark.parametrize("src", FULL_ROUND_TRIP, ids=[p.parent.name for p in FULL_ROUND_TRIP])
 def test_planted_bug_loses_its_exercise(round_trip, src):
     results, planted = round_trip
     if src.parent.name not in planted:

@@ -67,7 +67,7 @@ def test_package_data_ships_the_files_the_code_opens():
 # ----------------------------------------------------------------------------------- the built package
 # Built once (wheel + sdist) by scripts/build_package.py: from a copy of the files git would commit,
 # with this environment's setuptools (no download), never writing into the checkout.
-INSTRUCTOR_ONLY = ("autograder/reference/", "autograder/mutants/", "solutions/", "notebooks/", "tests/")
+INSTRUCTOR_ONLY = ("autograder/reference/", "autograder/mutants/", "autograder/controls/", "solutions/", "notebooks/", "tests/")
 ANSWER_REGION = re.compile(r"^\s*### BEGIN (SOLUTION|HIDDEN TESTS)\s*$", re.M)  # a region, not the word
 
 
