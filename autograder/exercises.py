@@ -8,7 +8,7 @@ carries its points, and which piece of course_lib does the same job (the fallbac
 use while the student's piece is unfinished or failing, and what a test holds the generated
 reference solution to). Adding an exercise touches its notebook, its check and this table.
 
-`python -m autograder exercises` prints the table as markdown (docs/exercises.md embeds it).
+`scripts/build_exercises_doc.py` writes docs/exercises.md from `markdown_table()` and docs/exercises/*.md.
 """
 from __future__ import annotations
 
