@@ -5,9 +5,7 @@ contiguous KV cache the cached exercise decodes over. Run times are printed (no 
 speed is not a test)."""
 from __future__ import annotations
 
-import importlib
 import random
-import time
 
 import pytest
 import torch
@@ -18,36 +16,9 @@ from autograder.controls import nb01_static_batching as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb01_static_batching as mutants
 from autograder.reference import nb01_static_batching as reference
+from check_support import counterpart, verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb01_static_batching")}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _verdict(exercise, impl, seed):
-    start = time.perf_counter()
-    try:
-        get_check(exercise)(impl, seed, _allow_reference=True)
-        message = None
-    except AssertionError as e:
-        message = str(e)
-    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
-    return message
-
-
-def _cases(table):
-    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
-
-
-def _counterpart(exercise):
-    module, _, name = EXERCISES[exercise].counterpart.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def test_every_exercise_has_mutants_and_controls():
@@ -60,19 +31,19 @@ def test_every_exercise_has_mutants_and_controls():
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_reference_and_course_lib_pass_every_graded_seed(exercise):
     for seed in EXERCISES[exercise].graded_seeds:
-        assert _verdict(exercise, getattr(reference, exercise), seed) is None
-        assert _verdict(exercise, _counterpart(exercise), seed) is None
+        assert verdict(exercise, getattr(reference, exercise), seed) is None
+        assert verdict(exercise, counterpart(exercise), seed) is None
 
 
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
     check = get_check(exercise)
-    counterpart = _counterpart(exercise)
+    piece = counterpart(exercise)
 
     def wrapper(*args):
-        return counterpart(*args)
+        return piece(*args)
 
-    for impl in (counterpart, wrapper):
+    for impl in (piece, wrapper):
         with pytest.raises(AssertionError, match="course_lib's reference"):
             check(impl)
 
@@ -80,10 +51,10 @@ def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
 def test_the_pass_shape_rules_name_the_rule():
     """The no-cache loop handed in as the cached one (right tokens) fails on the decode pass's size;
     the cached loop handed in as the no-cache baseline fails on the same rule, the other way round."""
-    cached, plain = _counterpart("static_generate_cached"), _counterpart("static_generate")
-    message = _verdict("static_generate_cached", lambda *a: plain(*a), 0)
+    cached, plain = counterpart("static_generate_cached"), counterpart("static_generate")
+    message = verdict("static_generate_cached", lambda *a: plain(*a), 0)
     assert "decode step" in message and "one new token" in message, message
-    message = _verdict("static_generate", lambda *a: cached(*a), 0)
+    message = verdict("static_generate", lambda *a: cached(*a), 0)
     assert "KV cache" in message and "NEXT exercise" in message, message
 
 

@@ -5,47 +5,16 @@ course_lib (or a thin wrapper of it) is refused. Run times are printed (no timed
 not a test)."""
 from __future__ import annotations
 
-import importlib
-import time
-
 import pytest
-import torch
 
 from autograder.checks import get_check
 from autograder.controls import nb02_continuous_batching as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb02_continuous_batching as mutants
 from autograder.reference import nb02_continuous_batching as reference
+from check_support import counterpart, verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb02_continuous_batching")}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _verdict(exercise, impl, seed):
-    start = time.perf_counter()
-    try:
-        get_check(exercise)(impl, seed, _allow_reference=True)
-        message = None
-    except AssertionError as e:
-        message = str(e)
-    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
-    return message
-
-
-def _cases(table):
-    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
-
-
-def _counterpart(exercise):
-    module, _, name = EXERCISES[exercise].counterpart.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def test_every_exercise_has_mutants_and_controls():
@@ -58,20 +27,20 @@ def test_every_exercise_has_mutants_and_controls():
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_reference_and_course_lib_pass_every_graded_seed(exercise):
     for seed in EXERCISES[exercise].graded_seeds:
-        assert _verdict(exercise, getattr(reference, exercise), seed) is None
-        assert _verdict(exercise, _counterpart(exercise), seed) is None
+        assert verdict(exercise, getattr(reference, exercise), seed) is None
+        assert verdict(exercise, counterpart(exercise), seed) is None
 
 
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
     check = get_check(exercise)
-    counterpart = _counterpart(exercise)
-    if isinstance(counterpart, type):
-        wrapper = type("Wrapper", (counterpart,), {})
+    piece = counterpart(exercise)
+    if isinstance(piece, type):
+        wrapper = type("Wrapper", (piece,), {})
     else:
         def wrapper(*args):
-            return counterpart(*args)
-    for impl in (counterpart, wrapper):
+            return piece(*args)
+    for impl in (piece, wrapper):
         with pytest.raises(AssertionError, match="course_lib's reference"):
             check(impl)
 
@@ -95,7 +64,7 @@ RULE_MESSAGES = {
 
 @pytest.mark.parametrize("mutant", sorted(RULE_MESSAGES))
 def test_each_scheduler_rule_is_named_by_its_message(mutant):
-    message = _verdict("StudentScheduler", getattr(mutants, mutant), 0)
+    message = verdict("StudentScheduler", getattr(mutants, mutant), 0)
     assert message and RULE_MESSAGES[mutant] in message, message
 
 

@@ -5,9 +5,6 @@ naming the rule, is tested for all notebooks in tests/test_exercise_table.py); h
 test)."""
 from __future__ import annotations
 
-import importlib
-import time
-
 import pytest
 import torch
 
@@ -16,36 +13,9 @@ from autograder.controls import nb03_paged_kv as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb03_paged_kv as mutants
 from autograder.reference import nb03_paged_kv as reference
+from check_support import counterpart, verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb03_paged_kv")}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _verdict(exercise, impl, seed):
-    start = time.perf_counter()
-    try:
-        get_check(exercise)(impl, seed, _allow_reference=True)
-        message = None
-    except AssertionError as e:
-        message = str(e)
-    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
-    return message
-
-
-def _cases(table):
-    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
-
-
-def _counterpart(exercise):
-    module, _, name = EXERCISES[exercise].counterpart.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def test_every_exercise_has_mutants_and_controls():
@@ -58,20 +28,20 @@ def test_every_exercise_has_mutants_and_controls():
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_reference_and_course_lib_pass_every_graded_seed(exercise):
     for seed in EXERCISES[exercise].graded_seeds:
-        assert _verdict(exercise, getattr(reference, exercise), seed) is None
-        assert _verdict(exercise, _counterpart(exercise), seed) is None
+        assert verdict(exercise, getattr(reference, exercise), seed) is None
+        assert verdict(exercise, counterpart(exercise), seed) is None
 
 
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
     check = get_check(exercise)
-    counterpart = _counterpart(exercise)
-    if isinstance(counterpart, type):
-        wrapper = type("Wrapper", (counterpart,), {})
+    piece = counterpart(exercise)
+    if isinstance(piece, type):
+        wrapper = type("Wrapper", (piece,), {})
     else:
         def wrapper(*args):
-            return counterpart(*args)
-    for impl in (counterpart, wrapper):
+            return piece(*args)
+    for impl in (piece, wrapper):
         with pytest.raises(AssertionError, match="course_lib's reference"):
             check(impl)
 
@@ -90,7 +60,7 @@ RULE_MESSAGES = {
 
 @pytest.mark.parametrize("mutant", sorted(RULE_MESSAGES))
 def test_each_pool_rule_is_named_by_its_message(mutant):
-    message = _verdict("StudentBlockPool", getattr(mutants, mutant), 0)
+    message = verdict("StudentBlockPool", getattr(mutants, mutant), 0)
     assert message and RULE_MESSAGES[mutant] in message, message
 
 
@@ -112,7 +82,7 @@ FLAT_BATCH_MESSAGES = {
 
 @pytest.mark.parametrize("mutant", sorted(FLAT_BATCH_MESSAGES))
 def test_each_flat_batch_rule_is_named_by_its_message(mutant):
-    message = _verdict("build_flat_batch", getattr(mutants, mutant), 0)
+    message = verdict("build_flat_batch", getattr(mutants, mutant), 0)
     assert message and FLAT_BATCH_MESSAGES[mutant] in message, message
 
 

@@ -1,34 +1,17 @@
-"""Notebook 06's checks (prefix caching): the generated reference, course_lib's cache and every control
-pass on every graded seed; every mutant fails on every graded seed, with a message that names what went
-wrong. Run times are printed (no timed assertion: speed is not a test)."""
+"""Notebook 06's checks (prefix caching): the generated reference and course_lib's cache pass on
+every graded seed (that every mutant fails and every control passes on every graded seed is tested for
+all notebooks in tests/test_exercise_table.py). Run times are printed (no timed assertion: speed is not a test)."""
 from __future__ import annotations
-
-import time
 
 import pytest
 
-from autograder.checks import get_check
 from autograder.controls import nb06_prefix_caching as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb06_prefix_caching as mutants
 from autograder.reference import nb06_prefix_caching as reference
+from check_support import verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb06_prefix_caching")}
-
-
-def _verdict(exercise, impl, seed):
-    start = time.perf_counter()
-    try:
-        get_check(exercise)(impl, seed, _allow_reference=True)
-        message = None
-    except AssertionError as e:
-        message = str(e)
-    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
-    return message
-
-
-def _cases(table):
-    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
 
 
 def test_every_exercise_has_mutants_and_controls():
@@ -40,29 +23,13 @@ def test_every_exercise_has_mutants_and_controls():
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_reference_passes_every_graded_seed(exercise):
     for seed in EXERCISES[exercise].graded_seeds:
-        assert _verdict(exercise, getattr(reference, exercise), seed) is None
+        assert verdict(exercise, getattr(reference, exercise), seed) is None
 
 
 def test_course_lib_cache_passes():
     from course_lib.kv.prefix_cache import PrefixCache
 
     for seed in EXERCISES["StudentPrefixCache"].graded_seeds:
-        assert _verdict("StudentPrefixCache", PrefixCache, seed) is None
+        assert verdict("StudentPrefixCache", PrefixCache, seed) is None
 
 
-@pytest.mark.parametrize("exercise, control", _cases(controls.CONTROLS),
-                         ids=[f"{e}-{c.__name__}" for e, c in _cases(controls.CONTROLS)])
-def test_every_control_passes_every_graded_seed(exercise, control):
-    for seed in EXERCISES[exercise].graded_seeds:
-        message = _verdict(exercise, control, seed)
-        assert message is None, f"{control.__name__} (correct: {control.__doc__}) failed on seed {seed}: {message}"
-
-
-@pytest.mark.parametrize("exercise, mutant", _cases(mutants.MUTANTS),
-                         ids=[f"{e}-{m.__name__}" for e, m in _cases(mutants.MUTANTS)])
-def test_every_mutant_fails_every_graded_seed(exercise, mutant):
-    for seed in EXERCISES[exercise].graded_seeds:
-        message = _verdict(exercise, mutant, seed)
-        assert message, f"{mutant.__name__} ({mutant.__doc__}) passed check_{exercise} on seed {seed}"
-        assert len(message) > 40, f"unhelpful message: {message!r}"
-        assert "internal" not in message, f"{mutant.__name__} tripped an internal guard, not a rule: {message}"

@@ -5,7 +5,6 @@ tests/test_exercise_table.py). Run times are printed (no timed assertion: speed 
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -15,23 +14,9 @@ from autograder.controls import nb07_admission_control as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb07_admission_control as mutants
 from autograder.reference import nb07_admission_control as reference
+from check_support import verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb07_admission_control")}
-
-
-def _verdict(exercise, impl, seed):
-    start = time.perf_counter()
-    try:
-        get_check(exercise)(impl, seed, _allow_reference=True)
-        message = None
-    except AssertionError as e:
-        message = str(e)
-    print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
-    return message
-
-
-def _cases(table):
-    return [(ex, impl) for ex in EXERCISES for impl in table[ex]]
 
 
 def test_every_exercise_has_mutants_and_controls():
@@ -43,7 +28,7 @@ def test_every_exercise_has_mutants_and_controls():
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))
 def test_reference_passes_every_graded_seed(exercise):
     for seed in EXERCISES[exercise].graded_seeds:
-        assert _verdict(exercise, getattr(reference, exercise), seed) is None
+        assert verdict(exercise, getattr(reference, exercise), seed) is None
 
 
 def test_course_lib_counterparts_pass():
@@ -52,7 +37,7 @@ def test_course_lib_counterparts_pass():
 
     for exercise, impl in (("StudentWatermark", WatermarkAdmission), ("preemption_report", preemption_report)):
         for seed in EXERCISES[exercise].graded_seeds:
-            assert _verdict(exercise, impl, seed) is None
+            assert verdict(exercise, impl, seed) is None
 
 
 def test_handing_in_course_lib_preemption_is_refused():
