@@ -268,9 +268,13 @@ def make_app(state: ServeState, dashboard: bool = True):
                             status_code=503)
 
     async def metrics(request):
-        if state.metrics is None:
+        if not state.loop.alive:
+            return error_response(APIError("the engine loop is not running", status=503, type="server_error",
+                                           code="engine_down"))
+        text = await state.loop.ask("metrics")  # rendered where the engine's counters live
+        if text is None:
             return error_response(APIError("metrics are off", status=404, code="not_found"))
-        return Response(state.metrics.render(state.loop.stats, state.loop.num_steps), media_type=CONTENT_TYPE_LATEST)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     hot = {"/v1/completions": make_handler(state, "completion"),
            "/v1/chat/completions": make_handler(state, "chat")}

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--burst-max-tokens", type=int, default=48, help="max_tokens of the dashboard's burst requests")
     s.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                    help="stop when process PID stops being this server's parent (it died): what a notebook sets")
+    s.add_argument("--engine-thread", action="store_true",
+                   help="step the engine in a thread of the HTTP server's process instead of a process of its "
+                        "own (they then share one interpreter lock: slower under many streams)")
     s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     m = p.add_argument_group("model")
     m.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -129,31 +132,38 @@ def main(argv=None) -> int:
         import prometheus_client  # noqa: F401
     except ImportError as err:
         parser.error(f"serving needs the 'serve' extra ({err.name} is missing): pip install -e \".[serve]\"")
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from course_lib import LLMEngine
-
-    try:
-        config = engine_config_from_args(args)
-        model, tokenizer, default_name = load_model(args.model, args.dtype, args.device, args.max_model_len)
-        engine = LLMEngine(model, config)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        parser.error(str(err))
+    from .app import ServeState, build_server_state
     from .launch import WILDCARD_HOSTS, room_host, serve_forever, watch_parent
 
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)
-    name = args.served_model_name or default_name
+    try:
+        if args.engine_thread:
+            from .engine_process import build_engine
+
+            engine, tokenizer, name = build_engine(args)
+            state = build_server_state(engine, tokenizer, name, max_waiting=args.max_waiting)
+        else:
+            from .engine_process import EngineClient
+
+            client = EngineClient(args)  # builds the engine in its own process
+            state = ServeState(client, client.tokenizer, client.model_name, client.max_model_len)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        parser.error(str(err))
+    except RuntimeError as err:  # the engine process died or hung while starting
+        print(f"serve: {err}", file=sys.stderr)
+        return 1
+    state.burst_max_tokens = args.burst_max_tokens
+    state.stream_interval_s = args.stream_interval_ms / 1000.0
+    state.stream_min_tokens = args.stream_min_tokens
+    name = state.model_name
     print(f"serving {name!r} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)
     if args.host in WILDCARD_HOSTS:
         print(f"others on this network: http://{room_host(args.host)}:{args.port} (no authentication: a network "
               f"you trust only)", flush=True)
-    serve_forever(engine, tokenizer, name, host=args.host, port=args.port, max_waiting=args.max_waiting,
-                  dashboard=not args.no_dashboard, log_level=args.log_level, open_browser=args.open_dashboard,
-                  burst_max_tokens=args.burst_max_tokens, stream_interval_ms=args.stream_interval_ms,
-                  stream_min_tokens=args.stream_min_tokens)
+    serve_forever(state, host=args.host, port=args.port, dashboard=not args.no_dashboard, log_level=args.log_level,
+                  open_browser=args.open_dashboard)
     return 0
 
 

@@ -5,7 +5,7 @@
     GET  /dashboard/state      one snapshot (JSON)
     POST /dashboard/control    {"action": "pause" | "resume" | "step" | "admission" | "burst", ...}
 
-A snapshot (see `EngineLoop.build_snapshot`) is built on the engine thread between steps, so
+A snapshot (see `EngineLoop.build_snapshot`) is built by the engine's loop between steps, so
 what the page shows is always one consistent moment: seats, queue, pages, rolling numbers.
 Seat history for the turnstile is only recorded while a dashboard is connected.
 """
@@ -15,7 +15,6 @@ import asyncio
 import itertools
 import json
 import random
-import time
 from pathlib import Path
 
 from starlette.requests import Request
@@ -47,8 +46,7 @@ def dashboard_routes(state) -> list[Route]:
     counter = itertools.count(10_000)
 
     async def current() -> dict:
-        loop.dashboard_seen = time.monotonic()
-        snap = await loop.call(loop.build_snapshot)
+        snap = await loop.ask("snapshot")
         snap["model"] = state.model_name
         return snap
 
@@ -89,16 +87,15 @@ def dashboard_routes(state) -> list[Route]:
 
     async def _control(body: dict) -> dict:
         action = body.get("action")
-        if action == "pause":
-            await loop.call(lambda: loop.pause(True))
-        elif action == "resume":
-            await loop.call(lambda: loop.pause(False))
-        elif action == "step":
-            await loop.call(loop.single_step)
+        if action in ("pause", "resume", "step"):
+            await loop.ask(action)
         elif action == "admission":
             policy = body.get("policy")
+            if not isinstance(policy, str):
+                raise APIError(f"admission policy must be one of {', '.join(snapshot.ADMISSION_POLICIES)}, "
+                               f"got {policy!r}", param="policy")
             try:
-                await loop.call(lambda: snapshot.set_admission(loop.engine, policy))
+                await loop.ask("admission", policy)
             except ValueError as err:
                 raise APIError(str(err), param="policy") from None
         elif action == "burst":
@@ -107,7 +104,7 @@ def dashboard_routes(state) -> list[Route]:
                 raise APIError(f"burst size n must be an integer in [1, {MAX_BURST}], got {n!r}", param="n")
             prompts = burst_prompts(state.tokenizer, n, counter)
             params = SamplingParams(max_tokens=state.burst_max_tokens, temperature=0.0)
-            accepted = await loop.call(lambda: loop.inject(prompts, params))
+            accepted = await loop.ask("inject", prompts, params)
             return {"injected": accepted}
         else:
             raise APIError(f"unknown action {action!r}; use pause, resume, step, admission or burst", param="action")

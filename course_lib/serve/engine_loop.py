@@ -10,8 +10,10 @@ A handler whose client leaves calls `abort`: the request leaves the batch and it
 to the pool before the next step. Bad input (`ValueError` from `add_request`) and a full queue
 come back to the handler as a rejection before any byte of the response is sent.
 
-Dashboard state (seats, queue, pages) is read through `snapshot.py` on this thread, between
-steps (`await loop.call(loop.build_snapshot)`), as a plain dict.
+Dashboard state (seats, queue, pages), its controls and the Prometheus text go through one
+door, `control(action, *args)`, run on this thread between steps (`await loop.ask("snapshot")`):
+a name and plain arguments, so the same requests reach an engine in another process
+(`engine_process.py`), where `deliver` replaces the asyncio hand-off with a pipe.
 """
 from __future__ import annotations
 
@@ -96,7 +98,10 @@ def _median(sorted_values):
 
 
 class EngineLoop:
-    def __init__(self, engine, max_waiting: int | None = None, metrics=None):
+    def __init__(self, engine, max_waiting: int | None = None, metrics=None, deliver=None):
+        """`deliver(items)`: if given, called once per loop iteration with every (stream, item)
+        posted since the last call (possibly none), instead of handing items to each stream's
+        asyncio loop: how an engine process sends its results down a pipe."""
         if max_waiting is not None and max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0 (or None for no limit), got {max_waiting}")
         self.engine = engine
@@ -105,6 +110,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream | None] = {}  # live request id -> its handler (None: internal)
         self._outbox: dict = {}  # asyncio loop -> [(stream, item)] to deliver after this iteration
+        self.deliver = deliver
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._stopping = False
         self.paused = False
@@ -153,6 +159,10 @@ class EngineLoop:
         self.submit(run)
         return await future
 
+    async def ask(self, action: str, *args):
+        """`control(action, *args)` on the engine thread, awaited (the dashboard, /metrics)."""
+        return await self.call(lambda: self.control(action, *args))
+
     def add(self, stream: RequestStream, prompt_token_ids, params) -> None:
         self.submit(lambda: self._add(stream, prompt_token_ids, params))
 
@@ -199,6 +209,25 @@ class EngineLoop:
     def single_step(self) -> None:
         self.paused = True
         self._single_steps += 1
+
+    def control(self, action: str, *args):
+        """Everything the dashboard and /metrics ask of the engine, by name (engine thread only)."""
+        if action == "snapshot":
+            self.dashboard_seen = time.monotonic()
+            return self.build_snapshot()
+        if action == "pause":
+            return self.pause(True)
+        if action == "resume":
+            return self.pause(False)
+        if action == "step":
+            return self.single_step()
+        if action == "admission":
+            return snapshot.set_admission(self.engine, *args)
+        if action == "inject":
+            return self.inject(*args)
+        if action == "metrics":
+            return None if self.metrics is None else self.metrics.render(self.engine.stats(), self.num_steps)
+        raise ValueError(f"unknown engine control {action!r}")
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -292,9 +321,13 @@ class EngineLoop:
     # ------------------------------------------------------------------ delivery
     def _post(self, stream: RequestStream | None, item) -> None:
         if stream is not None:
-            self._outbox.setdefault(stream.loop, []).append((stream, item))
+            self._outbox.setdefault(getattr(stream, "loop", None), []).append((stream, item))
 
     def _flush(self) -> None:
+        if self.deliver is not None:
+            outbox, self._outbox = self._outbox, {}
+            self.deliver([pair for items in outbox.values() for pair in items])
+            return
         if not self._outbox:
             return
         outbox, self._outbox = self._outbox, {}

@@ -1,6 +1,6 @@
 """Start a server and stop it: for the command line, the tests and the notebook.
 
-- `serve_forever(engine, tokenizer, ...)`: what `python -m course_lib serve` runs.
+- `serve_forever(state, ...)`: what `python -m course_lib serve` runs (cli.py builds the state).
 - `ServerThread`: uvicorn in a background thread of this process (tests: the engine is at hand).
 - `ServerProcess`: `python -m course_lib serve` as a subprocess (the notebook, the benchmark: the
   server's Python threads do not compete with the caller's for one interpreter lock).
@@ -60,21 +60,17 @@ def _uvicorn_server(app, host: str, port: int, log_level: str = "warning"):
     return uvicorn.Server(config)
 
 
-# The engine thread and the HTTP thread share one interpreter lock. When a step's C code returns,
-# the engine thread waits for the lock until the HTTP thread yields it, by default every 5 ms: as
-# long as a whole step of the tiny model. A shorter interval hands it back sooner.
+# With the engine in a thread of this process (`serve --engine-thread`), it and the HTTP thread share
+# one interpreter lock. When a step's C code returns, the engine thread waits for the lock until the
+# HTTP thread yields it, by default every 5 ms: as long as a whole step of the tiny model. A
+# shorter interval hands it back sooner.
 SWITCH_INTERVAL_S = float(os.environ.get("COURSE_SERVE_SWITCH_INTERVAL", "0.0005"))
 
 
-def serve_forever(engine, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-                  max_waiting: int | None = None, dashboard: bool = True, log_level: str = "warning",
-                  open_browser: bool = False, burst_max_tokens: int = 48, stream_interval_ms: float = 5.0,
-                  stream_min_tokens: int = 1) -> None:
+def serve_forever(state, host: str = "127.0.0.1", port: int = 8000, dashboard: bool = True,
+                  log_level: str = "warning", open_browser: bool = False) -> None:
+    """Serve `state` (its engine loop in a thread, or an EngineClient) until stopped; then stop the engine."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    state = build_server_state(engine, tokenizer, model_name, max_waiting=max_waiting)
-    state.burst_max_tokens = burst_max_tokens
-    state.stream_interval_s = stream_interval_ms / 1000.0
-    state.stream_min_tokens = stream_min_tokens
     server = _uvicorn_server(make_app(state, dashboard=dashboard), host, port, log_level)
     if open_browser:
         import webbrowser

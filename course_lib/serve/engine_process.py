@@ -1,0 +1,275 @@
+"""The engine in a process of its own: what `python -m course_lib serve` runs by default.
+
+Why a process and not a thread: the engine's Python work (scheduling, building the batch,
+sampling, bookkeeping) and the HTTP server's (a chunk for every stream at every step) would share
+one interpreter lock. Every torch or C call the engine makes lets go of the lock, and getting it
+back means waiting for the HTTP thread. Measured with the tiny model at 64 streams on 2 cores: a
+neighbour thread busy 30% of the time costs the engine ~20% of its throughput and ~25% more CPU
+per token; a neighbour process costs it nothing measurable. vLLM's V1 splits its server the same
+way (the API server and EngineCore in separate processes).
+
+    API process (uvicorn, asyncio)                           engine process
+      EngineClient.add / abort / ask ──── command pipe ────▶ main thread ─▶ EngineLoop (steps)
+      each stream's asyncio queue    ◀─── output pipe ─────  one message per loop iteration
+
+Messages are tuples of plain values (pickled by multiprocessing's Connection):
+    to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid)  ("ask", call_id, action, args)  ("stop",)
+    from it:         ("ready", info)  ("failed", message)  ("out", [(rid, item)], num_steps, busy_s)
+                     ("answer", call_id, ok, value)
+An item is "accepted", a Delta, or ("rejected", APIError fields). `EngineClient` offers the API
+side what `EngineLoop` does in a thread (`add`, `abort`, `ask`, `alive`, `num_steps`, `busy_s`,
+`stop`), so app.py and dashboard.py serve either one unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+
+from .engine_loop import ACCEPTED, Delta, EngineLoop
+from .protocol import APIError
+
+log = logging.getLogger("course_lib.serve")
+
+START_TIMEOUT_S = 600.0  # loading a real checkpoint (and building the C kernels) can take minutes
+
+
+# ------------------------------------------------------------------------------ engine side
+class RemoteStream:
+    """The engine process's stand-in for a handler: only the request id crosses the pipe."""
+
+    __slots__ = ("request_id",)
+    loop = None
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+
+
+def _encode(item):
+    if isinstance(item, APIError):
+        return ("rejected", item.message, item.status, item.type, item.param, item.code, item.headers)
+    return item  # ACCEPTED (a string) or a Delta (a slotted dataclass: pickles as is)
+
+
+class _Outbound:
+    """EngineLoop's `deliver`: one message per loop iteration that has news (items or steps)."""
+
+    def __init__(self, conn):
+        self.conn, self.loop, self.reported = conn, None, -1
+
+    def __call__(self, items) -> None:
+        steps = self.loop.num_steps
+        if not items and steps == self.reported:
+            return
+        self.reported = steps
+        self.conn.send(("out", [(stream.request_id, _encode(item)) for stream, item in items], steps,
+                        self.loop.busy_s))
+
+
+def build_engine(args):
+    """(engine, tokenizer, served name) from the serve command line's arguments."""
+    import torch
+
+    from course_lib import LLMEngine
+
+    from .cli import engine_config_from_args, load_model
+
+    torch.set_num_threads(args.threads)
+    config = engine_config_from_args(args)
+    model, tokenizer, default_name = load_model(args.model, args.dtype, args.device, args.max_model_len)
+    return LLMEngine(model, config), tokenizer, args.served_model_name or default_name
+
+
+def engine_main(commands, outputs, args) -> None:
+    """The engine process: build the engine, say ready, then obey the command pipe until it closes."""
+    try:
+        engine, tokenizer, name = build_engine(args)
+        from .metrics import ServerMetrics
+
+        outbound = _Outbound(outputs)
+        loop = EngineLoop(engine, max_waiting=args.max_waiting, metrics=ServerMetrics(name), deliver=outbound)
+        outbound.loop = loop
+    except Exception as err:  # the API process tells the user, as the command line would
+        outputs.send(("failed", str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"))
+        return
+
+    def answer(call_id, action, call_args) -> None:  # runs on the engine thread, between steps
+        try:
+            message = ("answer", call_id, True, loop.control(action, *call_args))
+        except Exception as err:
+            message = ("answer", call_id, False, (type(err).__name__, str(err)))
+        outputs.send(message)
+
+    outputs.send(("ready", {"model_name": name, "max_model_len": engine.max_model_len, "tokenizer": tokenizer}))
+    loop.start()
+    try:
+        while True:
+            message = commands.recv()
+            kind = message[0]
+            if kind == "add":
+                loop.add(RemoteStream(message[1]), message[2], message[3])
+            elif kind == "abort":
+                loop.abort(message[1])
+            elif kind == "ask":
+                loop.submit(lambda m=message: answer(m[1], m[2], m[3]))
+            elif kind == "stop":
+                break
+    except (EOFError, OSError):  # the API process is gone: so is the reason to run
+        pass
+    finally:
+        loop.stop()
+
+
+# ------------------------------------------------------------------------------ API side
+class EngineClient:
+    """The API process's handle on the engine process (same surface as EngineLoop for the app)."""
+
+    def __init__(self, args, timeout: float = START_TIMEOUT_S):
+        """Start the engine process from the serve command line's `args` and wait until it is ready.
+        Raises ValueError with the engine's own message if it could not be built."""
+        context = multiprocessing.get_context("spawn")  # never fork: CUDA, and threads, forbid it
+        command_reader, self._commands = context.Pipe(duplex=False)
+        self._outputs, output_writer = context.Pipe(duplex=False)
+        self.process = context.Process(target=engine_main, args=(command_reader, output_writer, args),
+                                       name="course_lib-engine", daemon=True)
+        self.process.start()
+        command_reader.close()
+        output_writer.close()
+        self._streams: dict = {}  # request id -> [RequestStream, accepted?]
+        self._calls: dict = {}  # call id -> future
+        self._ids = itertools.count()
+        self._reader_loop = None
+        self._gone_reason: str | None = None
+        self.num_steps, self.busy_s = 0, 0.0
+        try:
+            if not self._outputs.poll(timeout):
+                raise RuntimeError(f"the engine process did not start within {timeout:.0f} s")
+            message = self._outputs.recv()
+        except EOFError:
+            self.process.join(5)
+            self.stop()
+            raise RuntimeError(f"the engine process exited (code {self.process.exitcode}) before it was ready") \
+                from None
+        except Exception:
+            self.stop()
+            raise
+        if message[0] == "failed":
+            self.stop()
+            raise ValueError(message[1])
+        info = message[1]
+        self.model_name, self.max_model_len, self.tokenizer = info["model_name"], info["max_model_len"], \
+            info["tokenizer"]
+
+    # -------------------------------------------------------------------- what the app uses
+    @property
+    def alive(self) -> bool:
+        return self._gone_reason is None and self.process.is_alive()
+
+    def add(self, stream, prompt_token_ids, params) -> None:
+        self._attach()
+        self._streams[stream.request_id] = [stream, False]
+        self._send(("add", stream.request_id, list(prompt_token_ids), params))
+
+    def abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self._send(("abort", request_id))
+
+    async def ask(self, action: str, *args):
+        self._attach()
+        if self._gone_reason is not None:
+            raise RuntimeError(self._gone_reason)
+        call_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._send(("ask", call_id, action, args))
+        return await future
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._detach()
+        try:
+            self._commands.send(("stop",))
+        except (OSError, ValueError):
+            pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout)
+        try:
+            self._gone("the server is shutting down")
+        except RuntimeError:  # the event loop has closed: nobody is left to tell
+            pass
+        for conn in (self._commands, self._outputs):
+            conn.close()
+
+    # -------------------------------------------------------------------- the pipes
+    def _attach(self) -> None:
+        """Read the output pipe from the running event loop (the first handler's), by readiness:
+        no thread of ours in this process competes with the HTTP server."""
+        if self._reader_loop is None and self._gone_reason is None:
+            self._reader_loop = asyncio.get_running_loop()
+            self._reader_loop.add_reader(self._outputs.fileno(), self._readable)
+
+    def _detach(self) -> None:
+        if self._reader_loop is not None:
+            try:
+                self._reader_loop.remove_reader(self._outputs.fileno())
+            except (RuntimeError, ValueError, OSError):  # the loop (or the pipe) has closed already
+                pass
+            self._reader_loop = None
+
+    def _send(self, message) -> None:
+        try:
+            self._commands.send(message)
+        except (OSError, ValueError):  # the engine process is gone (or we stopped)
+            self._gone(f"the engine process stopped (exit code {self.process.exitcode})")
+
+    def _readable(self) -> None:
+        try:
+            while self._outputs.poll():
+                self._handle(self._outputs.recv())
+        except (EOFError, OSError):
+            self.process.join(1)
+            log.error("the engine process stopped (exit code %s)", self.process.exitcode)
+            self._gone(f"the engine process stopped (exit code {self.process.exitcode})")
+
+    def _handle(self, message) -> None:
+        if message[0] == "answer":
+            _, call_id, ok, value = message
+            future = self._calls.pop(call_id, None)
+            if future is not None and not future.done():
+                if ok:
+                    future.set_result(value)
+                else:
+                    kind, text = value
+                    future.set_exception(ValueError(text) if kind == "ValueError" else RuntimeError(text))
+            return
+        _, items, self.num_steps, self.busy_s = message
+        streams = self._streams
+        for request_id, item in items:
+            entry = streams.get(request_id)
+            if entry is None:
+                continue  # aborted by its client in the meantime
+            if item == ACCEPTED:
+                entry[1], item = True, ACCEPTED  # the handler checks identity: the pipe gave us a copy
+            elif isinstance(item, tuple):  # rejected before it ran
+                del streams[request_id]
+                _, text, status, kind, param, code, headers = item
+                item = APIError(text, status=status, type=kind, param=param, code=code, headers=headers)
+            elif item.finished:
+                del streams[request_id]
+            entry[0].queue.put_nowait(item)
+
+    def _gone(self, reason: str) -> None:
+        """The engine process is gone: every waiting handler hears why, nobody waits forever."""
+        if self._gone_reason is None:
+            self._gone_reason = reason
+        self._detach()
+        for stream, accepted in self._streams.values():
+            stream.queue.put_nowait(Delta([], True, "error", reason) if accepted else
+                                    APIError(reason, status=503, type="server_error", code="engine_down"))
+        self._streams.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(RuntimeError(reason))
+        self._calls.clear()
