@@ -2,7 +2,8 @@
 concurrent clients vs `LLMEngine.generate` in this process, on the same prompts, side by side.
 
     python -m course_lib bench serve [--streams 64] [--requests 256] [--max-tokens 64] [--repeats 2]
-        [--stream-interval-ms MS] [--stream-min-tokens N]      # the server's chunking, if not its default
+        [--stream-interval-ms MS] [--stream-min-tokens N] [--stream-chunks-per-s R]   # the server's chunking
+        [--engine-thread]                                      # the engine in the HTTP process (the old way)
 
 Both sides serve the same greedy requests (the tiny model's task prompts, a fixed answer length
 through `ignore_eos`) with the same EngineConfig, 64 at a time: `generate` gets all prompts at
@@ -94,6 +95,10 @@ def main(argv=None) -> int:
                    help="the server's --stream-interval-ms (default: the server's default)")
     p.add_argument("--stream-min-tokens", type=int, default=None,
                    help="the server's --stream-min-tokens (default: the server's default)")
+    p.add_argument("--stream-chunks-per-s", type=float, default=None,
+                   help="the server's --stream-chunks-per-s (default: the server's default)")
+    p.add_argument("--engine-thread", action="store_true",
+                   help="the server steps its engine in a thread of the HTTP process (serve --engine-thread)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for flag in ("streams", "requests", "max_tokens", "repeats"):
@@ -106,6 +111,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     from course_lib import EngineConfig, load_tiny
+    from course_lib.loadgen.client import run_async
     from course_lib.serve.launch import ServerProcess
 
     model, tokenizer = load_tiny()
@@ -113,17 +119,18 @@ def main(argv=None) -> int:
     config = EngineConfig(max_num_seqs=args.streams)
     in_process(model, config, prompts[:8], 8)  # warm up: kernels built, caches hot
     server_args = ["--max-num-seqs", str(args.streams)]
-    if args.stream_interval_ms is not None:
-        server_args += ["--stream-interval-ms", str(args.stream_interval_ms)]
-    if args.stream_min_tokens is not None:
-        server_args += ["--stream-min-tokens", str(args.stream_min_tokens)]
+    for flag in ("stream_interval_ms", "stream_min_tokens", "stream_chunks_per_s"):
+        if getattr(args, flag) is not None:
+            server_args += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.engine_thread:
+        server_args.append("--engine-thread")
     server = ServerProcess(server_args)
     try:
-        asyncio.run(over_http(server.url, prompts[:8], 8, 8))
+        run_async(over_http(server.url, prompts[:8], 8, 8))
         local, remote = [], []
         for _ in range(args.repeats):
             local.append(in_process(model, config, prompts, args.max_tokens))
-            remote.append(asyncio.run(over_http(server.url, prompts, args.max_tokens, args.streams)))
+            remote.append(run_async(over_http(server.url, prompts, args.max_tokens, args.streams)))
     finally:
         server.stop()
     a = max(local, key=lambda r: r["tok_s"])

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from course_lib.sim.workload import ClosedLoopUsers, RequestSpec, make_prompt_tokens
 
-from .client import Record, completion_payload, new_session, stream_completion
+from .client import Record, completion_payload, new_session, run_async, stream_completion
 from .scrape import MetricsSampler
 
 DEFAULT_VOCAB_SIZE = 47  # the tiny model's: ids 3..46 are characters, valid for any larger vocabulary too
@@ -132,9 +132,9 @@ def run_load(target: LoadTarget, workload, progress: bool = True) -> dict:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_load_async(target, workload, progress))
+        return run_async(run_load_async(target, workload, progress))
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a notebook's loop is already running
-        return pool.submit(asyncio.run, run_load_async(target, workload, progress)).result()
+        return pool.submit(run_async, run_load_async(target, workload, progress)).result()
 

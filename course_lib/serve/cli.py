@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
     s.add_argument("--stream-min-tokens", type=int, default=1,
                    help="after its first chunk, a stream's chunks carry at least this many tokens (or its last ones)")
+    s.add_argument("--stream-chunks-per-s", type=float, default=4000.0,
+                   help="all streams together get at most this many chunks a second: with many streams open, "
+                        "each chunk carries more tokens (0: no cap)")
     s.add_argument("--burst-max-tokens", type=int, default=48, help="max_tokens of the dashboard's burst requests")
     s.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                    help="stop when process PID stops being this server's parent (it died): what a notebook sets")
@@ -121,8 +124,9 @@ def load_model(name: str, dtype: str, device: str, max_model_len=None):
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.stream_interval_ms < 0:
-        parser.error(f"--stream-interval-ms must be >= 0, got {args.stream_interval_ms}")
+    for flag in ("stream_interval_ms", "stream_chunks_per_s"):
+        if not getattr(args, flag) >= 0:  # NaN too
+            parser.error(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     for flag in ("port", "threads", "burst_max_tokens", "stream_min_tokens"):
         if getattr(args, flag) < (0 if flag == "port" else 1):
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -156,6 +160,7 @@ def main(argv=None) -> int:
     state.burst_max_tokens = args.burst_max_tokens
     state.stream_interval_s = args.stream_interval_ms / 1000.0
     state.stream_min_tokens = args.stream_min_tokens
+    state.stream_chunks_per_s = args.stream_chunks_per_s
     name = state.model_name
     print(f"serving {name!r} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)

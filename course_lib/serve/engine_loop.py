@@ -60,6 +60,24 @@ class RequestStream:
         self.kind = kind
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
+        self._nap: asyncio.Future | None = None
+
+    def put(self, item) -> None:
+        """Hand the handler an item (on its event loop); the last one (a finished Delta, or None
+        for a client gone) also ends a `nap`: an answer's end never waits for the chunk interval."""
+        self.queue.put_nowait(item)
+        if self._nap is not None and (item is None or getattr(item, "finished", True)) and not self._nap.done():
+            self._nap.set_result(None)
+
+    async def nap(self, seconds: float) -> None:
+        """Sleep `seconds` (tokens pile up meanwhile), or less if the request's last item arrives."""
+        self._nap = self.loop.create_future()
+        timer = self.loop.call_later(seconds, _settle, self._nap, None, None)
+        try:
+            await self._nap
+        finally:
+            timer.cancel()
+            self._nap = None
 
     def get_nowait_all(self) -> list:
         items = []
@@ -231,21 +249,12 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
-        commands = self._commands
         while not self._stopping:
             busy = self.engine.has_unfinished_requests and (not self.paused or self._single_steps > 0)
-            try:  # block only when there is nothing to step
-                command = commands.get_nowait() if busy else commands.get(timeout=IDLE_WAIT_S)
-            except queue.Empty:
-                command = None
-            ran = command is not None
-            while command is not None:
+            commands = self._take_commands(0.0 if busy else IDLE_WAIT_S)  # block only with nothing to step
+            for command in commands:
                 command()
-                try:
-                    command = commands.get_nowait()
-                except queue.Empty:
-                    command = None
-            if ran:  # adds, aborts and controls change what the stats say, step or no step
+            if commands:  # adds, aborts and controls change what the stats say, step or no step
                 self.stats = self.engine.stats()
             if self.engine.has_unfinished_requests and (not self.paused or self._single_steps > 0):
                 if self._single_steps > 0:
@@ -253,6 +262,17 @@ class EngineLoop:
                 self._step()
             self._flush()
         self._shutdown()
+
+    def _take_commands(self, wait_s: float) -> list:
+        """Every command queued now, after waiting up to `wait_s` seconds for the first."""
+        taken = []
+        try:
+            taken.append(self._commands.get(timeout=wait_s) if wait_s > 0 else self._commands.get_nowait())
+            while True:
+                taken.append(self._commands.get_nowait())
+        except queue.Empty:
+            pass
+        return taken
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -371,4 +391,4 @@ def _settle(future, result, error) -> None:
 
 def _deliver(items) -> None:
     for stream, item in items:
-        stream.queue.put_nowait(item)
+        stream.put(item)

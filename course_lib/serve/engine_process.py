@@ -9,8 +9,9 @@ per token; a neighbour process costs it nothing measurable. vLLM's V1 splits its
 way (the API server and EngineCore in separate processes).
 
     API process (uvicorn, asyncio)                           engine process
-      EngineClient.add / abort / ask ──── command pipe ────▶ main thread ─▶ EngineLoop (steps)
-      each stream's asyncio queue    ◀─── output pipe ─────  one message per loop iteration
+      EngineClient.add / abort / ask ──── command pipe ────▶ PipedEngineLoop, its only thread:
+      each stream's asyncio queue    ◀─── output pipe ─────  reads commands between steps, steps,
+                                                             sends one message per iteration
 
 Messages are tuples of plain values (pickled by multiprocessing's Connection):
     to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid)  ("ask", call_id, action, args)  ("stop",)
@@ -26,6 +27,7 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import select
 
 from .engine_loop import ACCEPTED, Delta, EngineLoop
 from .protocol import APIError
@@ -46,25 +48,82 @@ class RemoteStream:
         self.request_id = request_id
 
 
+# Items in the output pipe, in the cheapest shapes to pickle (64 of them a step): a Delta still
+# running is its list of new token ids alone.
 def _encode(item):
+    if isinstance(item, Delta):
+        if not item.finished:
+            return item.new_token_ids
+        return ("done", item.new_token_ids, item.finish_reason, item.error, item.num_prompt_tokens,
+                item.num_output_tokens)
     if isinstance(item, APIError):
         return ("rejected", item.message, item.status, item.type, item.param, item.code, item.headers)
-    return item  # ACCEPTED (a string) or a Delta (a slotted dataclass: pickles as is)
+    return item  # ACCEPTED
 
 
-class _Outbound:
-    """EngineLoop's `deliver`: one message per loop iteration that has news (items or steps)."""
+def _decode(item):
+    if type(item) is list:
+        return Delta(item)
+    if item == ACCEPTED:
+        return ACCEPTED  # the handler checks identity: the pipe gave us a copy
+    if item[0] == "done":
+        return Delta(item[1], True, *item[2:])
+    _, text, status, kind, param, code, headers = item
+    return APIError(text, status=status, type=kind, param=param, code=code, headers=headers)
 
-    def __init__(self, conn):
-        self.conn, self.loop, self.reported = conn, None, -1
 
-    def __call__(self, items) -> None:
-        steps = self.loop.num_steps
-        if not items and steps == self.reported:
+class PipedEngineLoop(EngineLoop):
+    """The engine process's loop: its commands come down the command pipe, read by the engine's
+    own thread between steps (a reader thread would take the interpreter lock from the engine at
+    every message), and what it posts goes up the output pipe, one message per iteration."""
+
+    def __init__(self, engine, commands, outputs, max_waiting=None, metrics=None):
+        super().__init__(engine, max_waiting=max_waiting, metrics=metrics, deliver=self._send_out)
+        self._pipe_in, self._pipe_out, self._reported_steps = commands, outputs, -1
+        # Connection.poll builds a selector at every call (~10 us); one poll object, asked each step.
+        self._poller = select.poll()
+        self._poller.register(commands.fileno(), select.POLLIN)
+
+    def _take_commands(self, wait_s: float) -> list:
+        taken = super()._take_commands(0.0)  # its own (stop) first
+        try:
+            wait_ms = int(wait_s * 1000)
+            while self._poller.poll(wait_ms):  # readable, or hung up (then recv raises EOFError)
+                taken.append(self._command(self._pipe_in.recv()))
+                wait_ms = 0
+        except (EOFError, OSError):  # the API process is gone: so is the reason to run
+            self._stopping = True
+        return taken
+
+    def _command(self, message):
+        kind = message[0]
+        if kind == "add":
+            return lambda: self._add(RemoteStream(message[1]), message[2], message[3])
+        if kind == "abort":
+            return lambda: self._abort(message[1])
+        if kind == "ask":
+            return lambda: self._answer(message[1], message[2], message[3])
+        if kind == "stop":
+            return self.stop_now
+        raise ValueError(f"unknown command {kind!r} from the API process")
+
+    def stop_now(self) -> None:
+        self._stopping = True
+
+    def _answer(self, call_id, action, args) -> None:
+        try:
+            message = ("answer", call_id, True, self.control(action, *args))
+        except Exception as err:
+            message = ("answer", call_id, False, (type(err).__name__, str(err)))
+        self._pipe_out.send(message)
+
+    def _send_out(self, items) -> None:
+        """One message per loop iteration that has news: items, or a step count /health shows."""
+        if not items and self.num_steps == self._reported_steps:
             return
-        self.reported = steps
-        self.conn.send(("out", [(stream.request_id, _encode(item)) for stream, item in items], steps,
-                        self.loop.busy_s))
+        self._reported_steps = self.num_steps
+        self._pipe_out.send(("out", [(stream.request_id, _encode(item)) for stream, item in items], self.num_steps,
+                             self.busy_s))
 
 
 def build_engine(args):
@@ -87,38 +146,15 @@ def engine_main(commands, outputs, args) -> None:
         engine, tokenizer, name = build_engine(args)
         from .metrics import ServerMetrics
 
-        outbound = _Outbound(outputs)
-        loop = EngineLoop(engine, max_waiting=args.max_waiting, metrics=ServerMetrics(name), deliver=outbound)
-        outbound.loop = loop
+        loop = PipedEngineLoop(engine, commands, outputs, max_waiting=args.max_waiting, metrics=ServerMetrics(name))
     except Exception as err:  # the API process tells the user, as the command line would
         outputs.send(("failed", str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"))
         return
-
-    def answer(call_id, action, call_args) -> None:  # runs on the engine thread, between steps
-        try:
-            message = ("answer", call_id, True, loop.control(action, *call_args))
-        except Exception as err:
-            message = ("answer", call_id, False, (type(err).__name__, str(err)))
-        outputs.send(message)
-
     outputs.send(("ready", {"model_name": name, "max_model_len": engine.max_model_len, "tokenizer": tokenizer}))
-    loop.start()
     try:
-        while True:
-            message = commands.recv()
-            kind = message[0]
-            if kind == "add":
-                loop.add(RemoteStream(message[1]), message[2], message[3])
-            elif kind == "abort":
-                loop.abort(message[1])
-            elif kind == "ask":
-                loop.submit(lambda m=message: answer(m[1], m[2], m[3]))
-            elif kind == "stop":
-                break
-    except (EOFError, OSError):  # the API process is gone: so is the reason to run
+        loop._run()  # on this (the only) thread, until "stop" or the API process goes
+    except (BrokenPipeError, OSError):  # the API process is gone mid-send
         pass
-    finally:
-        loop.stop()
 
 
 # ------------------------------------------------------------------------------ API side
@@ -250,15 +286,12 @@ class EngineClient:
             entry = streams.get(request_id)
             if entry is None:
                 continue  # aborted by its client in the meantime
-            if item == ACCEPTED:
-                entry[1], item = True, ACCEPTED  # the handler checks identity: the pipe gave us a copy
-            elif isinstance(item, tuple):  # rejected before it ran
+            item = _decode(item)
+            if item is ACCEPTED:
+                entry[1] = True
+            elif isinstance(item, APIError) or item.finished:
                 del streams[request_id]
-                _, text, status, kind, param, code, headers = item
-                item = APIError(text, status=status, type=kind, param=param, code=code, headers=headers)
-            elif item.finished:
-                del streams[request_id]
-            entry[0].queue.put_nowait(item)
+            entry[0].put(item)
 
     def _gone(self, reason: str) -> None:
         """The engine process is gone: every waiting handler hears why, nobody waits forever."""
@@ -266,8 +299,8 @@ class EngineClient:
             self._gone_reason = reason
         self._detach()
         for stream, accepted in self._streams.values():
-            stream.queue.put_nowait(Delta([], True, "error", reason) if accepted else
-                                    APIError(reason, status=503, type="server_error", code="engine_down"))
+            stream.put(Delta([], True, "error", reason) if accepted else
+                       APIError(reason, status=503, type="server_error", code="engine_down"))
         self._streams.clear()
         for future in self._calls.values():
             if not future.done():
