@@ -1,7 +1,8 @@
 """A server started with ServerProcess (what notebook 08 and the benchmark use) never outlives the
 process that started it: not when that process exits without stopping it (atexit), not when it is
-killed outright (the server watches its parent). Each case starts a real `python -m course_lib
-serve` from a short-lived Python parent on a free loopback port."""
+killed outright (the server watches its parent); and neither does the server's engine process.
+Each case starts a real `python -m course_lib serve` from a short-lived Python parent on a free
+loopback port."""
 from __future__ import annotations
 
 import os
@@ -53,6 +54,24 @@ def wait_gone(pid: int, url: str, timeout: float = 60.0) -> None:
     raise AssertionError(f"server {pid} still running {timeout:.0f} s after its parent went")
 
 
+def engine_of(pid: int) -> int:
+    """The server's engine process (its child that is not multiprocessing's resource tracker)."""
+    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    engines = [int(c) for c in children if b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()]
+    assert len(engines) == 1, f"expected one engine process among the server's children {children}"
+    return engines[0]
+
+
+def wait_all_gone(pids, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if not gone(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"processes {left} outlived the server's parent"
+
+
 def start_parent(mode: str):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -65,8 +84,10 @@ def start_parent(mode: str):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_parent_that_exits_without_stopping_stops_its_server():
     parent, pid, url = start_parent("exit")
+    engine = engine_of(pid)
     assert parent.wait(60) == 0
     wait_gone(pid, url)
+    wait_all_gone([engine])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -74,7 +95,21 @@ def test_a_killed_parent_takes_its_server_with_it():
     parent, pid, url = start_parent("hang")
     try:
         assert answers(url), "the server should be up while its parent lives"
+        engine = engine_of(pid)
     finally:
         parent.kill()  # SIGKILL: no atexit, no cleanup of any kind in the parent
         parent.wait(30)
     wait_gone(pid, url)
+    wait_all_gone([engine])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_killed_outright_takes_its_engine_process_with_it():
+    parent, pid, url = start_parent("hang")
+    try:
+        engine = engine_of(pid)
+        os.kill(pid, signal.SIGKILL)  # the HTTP process dies without a word: its pipes close
+        wait_all_gone([engine])
+    finally:
+        parent.kill()
+        parent.wait(30)

@@ -1,0 +1,204 @@
+"""`python -m course_lib serve` steps its engine in a process of its own (engine_process.py): the
+same answers, errors, hang-ups, dashboard controls and metrics as the engine in a thread
+(test_serve_api.py covers those in depth), across the pipe; and when the engine process dies, every
+client hears why at once and /health says so. Each server is a real subprocess on a free port."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from course_lib import EngineConfig, LLMEngine, SamplingParams, load_tiny  # noqa: E402
+from course_lib.serve.launch import ServerProcess  # noqa: E402
+
+LINUX = sys.platform.startswith("linux")
+PROMPTS = ["add 12 and 30", "reverse abc", "what is 7 times 6?"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--max-num-seqs", "4", "--num-pages", "12", "--max-waiting", "1"]) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def in_process(tiny, text: str, max_tokens: int) -> list[int]:
+    model, tokenizer = tiny
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(text)],
+                                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return out.token_ids
+
+
+def stream_ids(client, body: dict) -> tuple[list[int], list[dict]]:
+    ids, events = [], []
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True, "return_token_ids": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                event = json.loads(line[6:])
+                events.append(event)
+                for choice in event.get("choices", []):
+                    ids += choice.get("token_ids") or []
+    return ids, events
+
+
+def metric(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def control(client, action: str, **kw) -> dict:
+    r = client.post("/dashboard/control", json={"action": action, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def engine_pid(server) -> int:
+    """The engine process: the server's child that is not multiprocessing's resource tracker."""
+    children = open(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read().split()
+    engines = [int(c) for c in children if b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()]
+    assert len(engines) == 1, f"expected one engine process among {children}"
+    return engines[0]
+
+
+def test_answers_equal_the_engine_in_process_streamed_or_not(tiny, client):
+    for text in PROMPTS:
+        want = in_process(tiny, text, 12)
+        body = {"model": "tiny", "prompt": text, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+        whole = client.post("/v1/completions", json={**body, "return_token_ids": True})
+        assert whole.status_code == 200, whole.text
+        assert whole.json()["choices"][0]["token_ids"] == want
+        assert whole.json()["usage"]["completion_tokens"] == 12
+        streamed, events = stream_ids(client, body)
+        assert streamed == want
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_engine_side_rejection_comes_back_as_a_400_naming_the_limit(client):
+    # 12 pages of 16 tokens hold 192 tokens: a 250-token prompt fits the model (256) but never the pool.
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": [5] * 250, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "192" in error["message"] or "12 pages" in error["message"], error["message"]
+    assert client.get("/health").status_code == 200
+
+
+def test_pause_step_admission_burst_and_a_full_queue_across_the_pipe(client):
+    control(client, "pause")
+    try:
+        steps = client.get("/dashboard/state").json()["step"]
+        body = {"model": "tiny", "prompt": "add 1 and 2", "max_tokens": 4, "ignore_eos": True}
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as other:
+            with other.stream("POST", "/v1/completions", json={**body, "stream": True}) as first:
+                assert first.status_code == 200  # admitted: waits in the queue while paused
+                wait_until(lambda: client.get("/dashboard/state").json()["stats"]["num_waiting"] == 1,
+                           "the request to wait")
+                full = client.post("/v1/completions", json=body)
+                assert full.status_code == 429, full.text
+                assert full.headers.get("retry-after") == "1"
+                assert full.json()["error"]["code"] == "queue_full"
+                assert client.get("/dashboard/state").json()["step"] == steps, "a paused engine stepped"
+                control(client, "step")
+                wait_until(lambda: client.get("/dashboard/state").json()["step"] == steps + 1, "one step")
+                control(client, "resume")
+                text = "".join(first.iter_text())
+                assert "[DONE]" in text
+        assert control(client, "admission", policy="reserve")["admission"] == "reserve"
+        bad = client.post("/dashboard/control", json={"action": "admission", "policy": "fifo"})
+        assert bad.status_code == 400 and "watermark" in bad.json()["error"]["message"]
+        control(client, "pause")
+        assert control(client, "burst", n=3)["injected"] == 1  # the queue holds one (--max-waiting 1)
+        assert client.get("/dashboard/state").json()["stats"]["num_waiting"] == 1
+    finally:
+        control(client, "resume")
+        control(client, "admission", policy="watermark")
+    wait_until(lambda: metric(client, "course_lib_num_requests_waiting") == 0
+               and metric(client, "course_lib_num_requests_running") == 0, "the burst to drain")
+
+
+def test_a_client_hanging_up_mid_stream_frees_its_pages(client):
+    body = {"model": "tiny", "prompt": "reverse abcdef", "max_tokens": 150, "ignore_eos": True, "stream": True}
+    control(client, "pause")  # the engine moves one step at a time: only the hang-up can end the answer
+    try:
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as other:
+            with other.stream("POST", "/v1/completions", json=body) as r:
+                wait_until(lambda: metric(client, "course_lib_num_requests_waiting") == 1, "the request to queue")
+                control(client, "step")  # its prefill: the first token
+                lines = r.iter_lines()  # kept: a dropped line iterator closes the response (a hang-up)
+                assert next(line for line in lines if line.startswith("data: "))
+                assert metric(client, "course_lib_num_requests_running") == 1
+                assert metric(client, "course_lib_kv_pages_used") > 0
+            # leaving the block closed the connection mid-answer
+        wait_until(lambda: metric(client, "course_lib_kv_pages_used") == 0
+                   and metric(client, "course_lib_num_requests_running") == 0, "the pages to come back")
+        assert metric(client, "course_lib_kv_pages_free") == metric(client, "course_lib_kv_pages_total") == 12
+        assert 'course_lib_requests_finished_total{finish_reason="aborted"} 1.0' in client.get("/metrics").text
+    finally:
+        control(client, "resume")
+
+
+def test_a_config_the_engine_refuses_stops_the_command_with_its_reason():
+    run = subprocess.run([sys.executable, "-m", "course_lib", "serve", "--port", "0", "--page-size", "0"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 2, run.stderr
+    assert "page_size" in run.stderr or "page size" in run.stderr, run.stderr
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_when_the_engine_process_dies_clients_hear_why_and_health_fails():
+    with ServerProcess(["--max-num-seqs", "2", "--no-dashboard"]) as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            pid = engine_pid(srv)
+            body = {"model": "tiny", "prompt": "reverse abc", "max_tokens": 250, "ignore_eos": True, "stream": True}
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
+                os.kill(pid, signal.SIGKILL)
+                rest = [line for line in lines if line.startswith("data: ")]
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2][6:])["error"]
+            assert "engine process stopped" in error["message"], error
+            assert c.get("/health").status_code == 503
+            refused = c.post("/v1/completions", json={"model": "tiny", "prompt": "add 1 and 2", "max_tokens": 2})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_down"
+            assert c.get("/metrics").status_code == 503
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_stopping_the_server_stops_its_engine_process():
+    srv = ServerProcess(["--max-num-seqs", "2", "--no-dashboard"])
+    pid = engine_pid(srv)
+    srv.stop()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the engine process outlived its server"
