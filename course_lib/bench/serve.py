@@ -1,7 +1,7 @@
 """`python -m course_lib bench serve`: what HTTP costs. Tokens/s streamed through the server to 64
 concurrent clients vs `LLMEngine.generate` in this process, on the same prompts, side by side.
 
-    python -m course_lib bench serve [--streams 64] [--requests 256] [--max-tokens 64] [--repeats 2]
+    python -m course_lib bench serve [--streams 64] [--requests 512] [--max-tokens 64] [--repeats 3]
         [--stream-interval-ms MS] [--stream-min-tokens N] [--stream-chunks-per-s R]   # the server's chunking
         [--engine-thread]                                      # the engine in the HTTP process (the old way)
 
@@ -88,9 +88,9 @@ def _runs(results) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m course_lib bench serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", type=int, default=64, help="concurrent HTTP streams = engine seats")
-    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--requests", type=int, default=512, help="a run of each side: ~2 s of the tiny model")
     p.add_argument("--max-tokens", type=int, default=64, help="answer length of every request (ignore_eos)")
-    p.add_argument("--repeats", type=int, default=2, help="alternating runs of each side; the best is compared")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; the best is compared")
     p.add_argument("--stream-interval-ms", type=float, default=None,
                    help="the server's --stream-interval-ms (default: the server's default)")
     p.add_argument("--stream-min-tokens", type=int, default=None,
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     print(f"  in process (LLMEngine.generate): {a['tok_s']:8.0f} tokens/s   "
           f"(runs: {_runs(local)})")
     print(f"  over HTTP ({args.streams} SSE streams):   {b['tok_s']:8.0f} tokens/s   "
-          f"(runs: {_runs(remote)})")
+          f"(runs: {_runs(remote)}; the server's engine in {'a thread' if args.engine_thread else 'its own process'})")
     print(f"  ratio HTTP / in process: {ratio:.2f}x (goal >= 0.8x)")
     print(f"  added latency per token (client TPOT - in-process TPOT, per prompt): "
           f"p50 {percentile(added, 50) * 1e3:.2f} ms, p99 {percentile(added, 99) * 1e3:.2f} ms")

@@ -1,11 +1,17 @@
 """`python -m course_lib serve`: the engine behind an OpenAI-compatible HTTP API, with a live dashboard.
 
-    handlers (asyncio)  ──add / abort──▶  EngineLoop (one thread)  ──step()──▶  LLMEngine
-          ▲                                      │
-          └────── token deltas (asyncio queues) ─┘
+    HTTP process (uvicorn, asyncio)                              engine process
+      handlers ──add / abort / ask──▶ EngineClient ══ pipes ══▶ PipedEngineLoop ──step()──▶ LLMEngine
+          ▲                               │                          │
+          └──── token deltas (asyncio queues) ◀══ one message a step ┘
+
+The engine steps in a process of its own (engine_process.py explains why: the interpreter lock).
+`serve --engine-thread` and `ServerThread` (tests, the engine at hand) run the same EngineLoop in a
+thread of the HTTP process instead; app.py and dashboard.py serve either one unchanged.
 
 - `protocol.py`: OpenAI request bodies -> (prompt ids, SamplingParams); error bodies.
-- `engine_loop.py`: the one thread that owns the engine; commands in, token deltas out.
+- `engine_loop.py`: the one loop that owns the engine; commands in, token deltas out (in a thread).
+- `engine_process.py`: that loop in a process of its own, and the HTTP side's handle on it.
 - `app.py`: the Starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 - `sse.py`: a streaming response that notices a client leaving at once (and aborts its request).
 - `metrics.py`: Prometheus gauges, counters and histograms.

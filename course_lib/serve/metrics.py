@@ -1,8 +1,9 @@
 """Prometheus metrics (`/metrics`): the engine's state and every finished request's latencies.
 
-Gauges are read from the engine loop's latest published stats at scrape time; counters and
-histograms are updated on the engine thread as requests finish (prometheus-client is
-thread-safe). Each server has its own registry, so several servers (tests) live in one process.
+Everything lives with the engine's loop (a thread, or the engine process): counters and histograms
+are updated as requests finish, and a scrape asks the loop to render the text between steps
+(`EngineLoop.control("metrics")`), gauges set from the engine's stats at that moment. Each server
+has its own registry, so several servers (tests) live in one process.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class ServerMetrics:
         info = Gauge("course_lib_model_info", "The served model", list(labels), registry=r)
         info.labels(**labels).set(1)
 
-    # -- engine thread --------------------------------------------------------------------
+    # -- the engine's loop -------------------------------------------------------------
     def finished(self, reason, ttft, tpot, latency, num_tokens: int) -> None:
         self.requests.labels(finish_reason=reason or "unknown").inc()
         if reason in ("error", "aborted"):
