@@ -202,3 +202,35 @@ def test_stopping_the_server_stops_its_engine_process():
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}"), "the engine process outlived its server"
+
+
+def test_a_flood_of_requests_never_wedges_the_two_pipes(server, client):
+    """600 requests at once while the engine is paused, ~1 KB of command each (ten times what a pipe
+    buffers), almost all refused with a 429: every request gets its answer, in bounded time, and the
+    server stays up."""
+    aiohttp = pytest.importorskip("aiohttp")
+    import asyncio
+
+    body = {"model": "tiny", "prompt": [7] * 150, "max_tokens": 2}
+
+    async def flood():
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            async def one():
+                async with session.post(server.url + "/v1/completions", json=body) as r:
+                    await r.read()
+                    return r.status
+
+            tasks = [asyncio.ensure_future(one()) for _ in range(600)]
+            await asyncio.sleep(1.0)
+            control(client, "resume")  # the one admitted while paused may now run
+            return await asyncio.wait_for(asyncio.gather(*tasks), 90)
+
+    control(client, "pause")
+    try:
+        statuses = asyncio.run(flood())
+    finally:
+        control(client, "resume")
+    assert set(statuses) <= {200, 429}, sorted(set(statuses))
+    assert statuses.count(200) >= 1 and statuses.count(429) >= 500, (statuses.count(200), statuses.count(429))
+    assert client.get("/health").status_code == 200
+    wait_until(lambda: metric(client, "course_lib_kv_pages_used") == 0, "the pool to empty")

@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when process PID stops being this server's parent (it died): what a notebook sets")
     s.add_argument("--engine-thread", action="store_true",
                    help="step the engine in a thread of the HTTP server's process instead of a process of its "
-                        "own (they then share one interpreter lock: slower under many streams)")
+                        "own (they then share one interpreter lock: slower under many streams; always so on "
+                        "Windows)")
     s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     m = p.add_argument_group("model")
     m.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)
     try:
-        if args.engine_thread:
+        if args.engine_thread or sys.platform == "win32":  # Windows' event loop cannot watch a pipe
             from .engine_process import build_engine
 
             engine, tokenizer, name = build_engine(args)

@@ -17,9 +17,11 @@ Messages are tuples of plain values (pickled by multiprocessing's Connection):
     to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid)  ("ask", call_id, action, args)  ("stop",)
     from it:         ("ready", info)  ("failed", message)  ("out", [(rid, item)], num_steps, busy_s)
                      ("answer", call_id, ok, value)
-An item is "accepted", a Delta, or ("rejected", APIError fields). `EngineClient` offers the API
-side what `EngineLoop` does in a thread (`add`, `abort`, `ask`, `alive`, `num_steps`, `busy_s`,
-`stop`), so app.py and dashboard.py serve either one unchanged.
+An item is "accepted", a running stream's new ids (a list), ("done", ...) or ("rejected", ...).
+The API side reads the output pipe from its event loop and writes commands from a thread of its
+own (a write into a full pipe blocks). `EngineClient` offers the API side what `EngineLoop` does
+in a thread (`add`, `abort`, `ask`, `alive`, `num_steps`, `busy_s`, `stop`), so app.py and
+dashboard.py serve either one unchanged.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import queue
 import select
+import threading
 
 from .engine_loop import ACCEPTED, Delta, EngineLoop
 from .protocol import APIError
@@ -53,8 +57,8 @@ class RemoteStream:
 def _encode(item):
     if isinstance(item, Delta):
         if not item.finished:
-            return item.new_token_ids
-        return ("done", item.new_token_ids, item.finish_reason, item.error, item.num_prompt_tokens,
+            return list(item.new_token_ids)
+        return ("done", list(item.new_token_ids), item.finish_reason, item.error, item.num_prompt_tokens,
                 item.num_output_tokens)
     if isinstance(item, APIError):
         return ("rejected", item.message, item.status, item.type, item.param, item.code, item.headers)
@@ -196,6 +200,12 @@ class EngineClient:
         info = message[1]
         self.model_name, self.max_model_len, self.tokenizer = info["model_name"], info["max_model_len"], \
             info["tokenizer"]
+        # Commands go down the pipe from a thread of their own: a write into a full pipe blocks, and an
+        # event loop blocked there could not read the output pipe, so an engine blocked writing into a
+        # full output pipe would wait for it forever. The thread sleeps in its write, not in Python.
+        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_commands, name="engine-commands", daemon=True)
+        self._writer.start()
 
     # -------------------------------------------------------------------- what the app uses
     @property
@@ -223,10 +233,11 @@ class EngineClient:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._detach()
-        try:
-            self._commands.send(("stop",))
-        except (OSError, ValueError):
-            pass
+        writer = getattr(self, "_writer", None)
+        if writer is not None:  # it was ready: the stop goes after every command sent before it
+            self._outgoing.put(("stop",))
+            self._outgoing.put(None)
+            writer.join(timeout)
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.terminate()
@@ -240,8 +251,8 @@ class EngineClient:
 
     # -------------------------------------------------------------------- the pipes
     def _attach(self) -> None:
-        """Read the output pipe from the running event loop (the first handler's), by readiness:
-        no thread of ours in this process competes with the HTTP server."""
+        """Read the output pipe from the running event loop (the first handler's), by readiness: no
+        reader thread takes the interpreter lock from the HTTP server at every step."""
         if self._reader_loop is None and self._gone_reason is None:
             self._reader_loop = asyncio.get_running_loop()
             self._reader_loop.add_reader(self._outputs.fileno(), self._readable)
@@ -255,10 +266,14 @@ class EngineClient:
             self._reader_loop = None
 
     def _send(self, message) -> None:
-        try:
-            self._commands.send(message)
-        except (OSError, ValueError):  # the engine process is gone (or we stopped)
-            self._gone(f"the engine process stopped (exit code {self.process.exitcode})")
+        self._outgoing.put(message)
+
+    def _write_commands(self) -> None:
+        while (message := self._outgoing.get()) is not None:
+            try:
+                self._commands.send(message)
+            except (OSError, ValueError):  # the engine process is gone: the output pipe's EOF says so
+                return
 
     def _readable(self) -> None:
         try:
