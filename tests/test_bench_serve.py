@@ -19,7 +19,8 @@ def test_bench_serve_runs_and_both_sides_agree(mode, capsys):
     assert code == 0, out
     assert "same tokens on both sides: yes" in out
     assert ("a thread" if mode else "its own process") in out
-    ratio = float(re.search(r"ratio HTTP / in process: ([0-9.]+)x", out).group(1))
+    ratio = float(re.search(r"ratio HTTP / in process: ([0-9.]+)x, best vs best", out).group(1))
+    assert re.search(r"run by run .*: median [0-9.]+x \([0-9.]+\)", out), out
     assert ratio > 0
     assert re.search(r"added latency per token .*p50 -?[0-9.]+ ms, p99 -?[0-9.]+ ms", out), out
 

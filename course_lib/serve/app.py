@@ -188,8 +188,7 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
             if final is not None and final.finish_reason == "error":
                 finished = True
                 yield frame(json.dumps(error_body(final.error or "engine error", "server_error", None,
-                                                  "engine_error")))
-                yield DONE
+                                                  "engine_error"))) + DONE
                 return
             text = decoder.push(new_ids) if new_ids else ""
             if final is None:
@@ -198,11 +197,11 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
                     yield render.chunk(text, None, new_ids if with_ids else None)
                 continue
             finished = True
-            yield render.chunk(text if (text or stream.kind == "completion") else None,
-                               finish_reason(final.finish_reason), new_ids if with_ids else None)
-            if parsed.include_usage:
-                yield render.usage_chunk(_usage(final))
-            yield DONE
+            # The last chunk, the usage and [DONE] leave in one write (EventStream ends the body with
+            # it): a finished stream's client hears it all at once and can send its next request.
+            last = render.chunk(text if (text or stream.kind == "completion") else None,
+                                finish_reason(final.finish_reason), new_ids if with_ids else None)
+            yield last + (render.usage_chunk(_usage(final)) if parsed.include_usage else b"") + DONE
             return
     finally:
         state.live_streams -= 1

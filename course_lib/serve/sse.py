@@ -41,9 +41,14 @@ class EventStream(Response):
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for frame in self.events:
+                if frame.endswith(DONE):  # the stream's last frame: it and the body's end in one write
+                    finished = True
+                    await send({"type": "http.response.body", "body": frame, "more_body": False})
+                    break
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
-            finished = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                finished = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # uvicorn's ClientDisconnected: the write found the client gone
             if not finished:
                 self.on_disconnect()
