@@ -234,3 +234,39 @@ def test_a_flood_of_requests_never_wedges_the_two_pipes(server, client):
     assert statuses.count(200) >= 1 and statuses.count(429) >= 500, (statuses.count(200), statuses.count(429))
     assert client.get("/health").status_code == 200
     wait_until(lambda: metric(client, "course_lib_kv_pages_used") == 0, "the pool to empty")
+
+
+def test_commands_never_block_the_event_loop_and_arrive_whole_and_in_order():
+    """The API side's command writes into a pipe nobody reads yet: the event loop keeps running (the
+    rest waits in memory), and once the engine side reads, every frame arrives whole and in order."""
+    import asyncio
+    import threading
+
+    from course_lib.serve.engine_process import EngineClient, read_frame
+
+    read_end, write_end = os.pipe()
+    client = EngineClient.__new__(EngineClient)  # the pipe half alone, no engine process
+    client._fd, client._pending, client._writer_loop, client._gone_reason = write_end, bytearray(), None, None
+    os.set_blocking(write_end, False)
+    messages = [("add", f"r{i}", list(range(i % 300)), None) for i in range(400)]  # ~300 KB of frames
+    received = []
+
+    async def main():
+        for m in messages:
+            client._send(m)  # would block on a full pipe if it wrote the blocking way
+        assert client._pending, "a pipe holds ~64 KB: the rest should be waiting in memory"
+        assert client._writer_loop is not None
+        reader = threading.Thread(target=lambda: received.extend(read_frame(read_end) for _ in messages))
+        reader.start()
+        deadline = time.monotonic() + 30
+        while client._pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the loop stays free; add_writer drains the rest
+        reader.join(30)
+
+    try:
+        asyncio.run(main())
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert received == messages
+    assert not client._pending and client._writer_loop is None

@@ -13,14 +13,15 @@ way (the API server and EngineCore in separate processes).
       each stream's asyncio queue    ◀─── output pipe ─────  reads commands between steps, steps,
                                                              sends one message per iteration
 
-Messages are tuples of plain values (pickled by multiprocessing's Connection):
+Messages are tuples of plain values, pickled (commands in length-prefixed frames of ours, outputs
+by multiprocessing's Connection):
     to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid)  ("ask", call_id, action, args)  ("stop",)
     from it:         ("ready", info)  ("failed", message)  ("out", [(rid, item)], num_steps, busy_s)
                      ("answer", call_id, ok, value)
 An item is "accepted", a running stream's new ids (a list), ("done", ...) or ("rejected", ...).
-The API side reads the output pipe from its event loop and writes commands from a thread of its
-own (a write into a full pipe blocks). `EngineClient` offers the API side what `EngineLoop` does
-in a thread (`add`, `abort`, `ask`, `alive`, `num_steps`, `busy_s`, `stop`), so app.py and
+The API side reads the output pipe from its event loop and writes commands without ever blocking
+(a part at a time when the pipe is full). `EngineClient` offers the API side what `EngineLoop`
+does in a thread (`add`, `abort`, `ask`, `alive`, `num_steps`, `busy_s`, `stop`), so app.py and
 dashboard.py serve either one unchanged.
 """
 from __future__ import annotations
@@ -29,9 +30,9 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
-import queue
+import os
+import pickle
 import select
-import threading
 
 from .engine_loop import ACCEPTED, Delta, EngineLoop
 from .protocol import APIError
@@ -76,6 +77,30 @@ def _decode(item):
     return APIError(text, status=status, type=kind, param=param, code=code, headers=headers)
 
 
+# The command pipe carries frames of our own (a 4-byte length, then the pickle) rather than
+# Connection.send's: the API side writes them without blocking, a part at a time if the pipe is full.
+def frame_bytes(message) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(data).to_bytes(4, "big") + data
+
+
+def read_frame(fd: int):
+    """One message from a blocking pipe (EOFError when the writer has gone)."""
+    size = int.from_bytes(_read_exactly(fd, 4), "big")
+    return pickle.loads(_read_exactly(fd, size))
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError("the API process closed the command pipe")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
 class PipedEngineLoop(EngineLoop):
     """The engine process's loop: its commands come down the command pipe, read by the engine's
     own thread between steps (a reader thread would take the interpreter lock from the engine at
@@ -93,7 +118,7 @@ class PipedEngineLoop(EngineLoop):
         try:
             wait_ms = int(wait_s * 1000)
             while self._poller.poll(wait_ms):  # readable, or hung up (then recv raises EOFError)
-                taken.append(self._command(self._pipe_in.recv()))
+                taken.append(self._command(read_frame(self._pipe_in.fileno())))
                 wait_ms = 0
         except (EOFError, OSError):  # the API process is gone: so is the reason to run
             self._stopping = True
@@ -181,6 +206,15 @@ class EngineClient:
         self._ids = itertools.count()
         self._reader_loop = None
         self._gone_reason: str | None = None
+        # Commands go down the pipe without ever blocking this process: a write into a full pipe would
+        # stop the event loop, which then could not read the output pipe, and an engine blocked on a
+        # full output pipe would wait for it forever. What the pipe cannot take now waits in `_pending`
+        # and goes when the pipe is writable again.
+        self._fd = self._commands.fileno()
+        os.set_blocking(self._fd, False)
+        self._pending = bytearray()
+        self._writer_loop = None
+        self._ready = False
         self.num_steps, self.busy_s = 0, 0.0
         try:
             if not self._outputs.poll(timeout):
@@ -198,14 +232,9 @@ class EngineClient:
             self.stop()
             raise ValueError(message[1])
         info = message[1]
+        self._ready = True
         self.model_name, self.max_model_len, self.tokenizer = info["model_name"], info["max_model_len"], \
             info["tokenizer"]
-        # Commands go down the pipe from a thread of their own: a write into a full pipe blocks, and an
-        # event loop blocked there could not read the output pipe, so an engine blocked writing into a
-        # full output pipe would wait for it forever. The thread sleeps in its write, not in Python.
-        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_commands, name="engine-commands", daemon=True)
-        self._writer.start()
 
     # -------------------------------------------------------------------- what the app uses
     @property
@@ -233,11 +262,12 @@ class EngineClient:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._detach()
-        writer = getattr(self, "_writer", None)
-        if writer is not None:  # it was ready: the stop goes after every command sent before it
-            self._outgoing.put(("stop",))
-            self._outgoing.put(None)
-            writer.join(timeout)
+        if self._ready and self._gone_reason is None:  # say stop, after what is still pending
+            try:
+                os.set_blocking(self._fd, True)
+                os.write(self._fd, bytes(self._pending) + frame_bytes(("stop",)))
+            except OSError:  # the engine process has gone already
+                pass
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.terminate()
@@ -258,22 +288,35 @@ class EngineClient:
             self._reader_loop.add_reader(self._outputs.fileno(), self._readable)
 
     def _detach(self) -> None:
-        if self._reader_loop is not None:
-            try:
-                self._reader_loop.remove_reader(self._outputs.fileno())
-            except (RuntimeError, ValueError, OSError):  # the loop (or the pipe) has closed already
-                pass
-            self._reader_loop = None
+        for loop, remove, conn in ((self._reader_loop, "remove_reader", self._outputs),
+                                   (self._writer_loop, "remove_writer", self._commands)):
+            if loop is not None:
+                try:
+                    getattr(loop, remove)(conn.fileno())
+                except (RuntimeError, ValueError, OSError):  # the loop (or the pipe) has closed already
+                    pass
+        self._reader_loop = self._writer_loop = None
 
     def _send(self, message) -> None:
-        self._outgoing.put(message)
+        if self._gone_reason is None:
+            self._pending += frame_bytes(message)
+            self._write_pending()
 
-    def _write_commands(self) -> None:
-        while (message := self._outgoing.get()) is not None:
-            try:
-                self._commands.send(message)
-            except (OSError, ValueError):  # the engine process is gone: the output pipe's EOF says so
-                return
+    def _write_pending(self) -> None:
+        try:
+            written = os.write(self._fd, self._pending)
+        except BlockingIOError:
+            written = 0
+        except OSError:  # the engine process is gone: the output pipe's EOF says so
+            self._pending.clear()
+            written = 0
+        del self._pending[:written]
+        if self._pending and self._writer_loop is None:
+            self._writer_loop = asyncio.get_running_loop()
+            self._writer_loop.add_writer(self._fd, self._write_pending)
+        elif not self._pending and self._writer_loop is not None:
+            self._writer_loop.remove_writer(self._fd)
+            self._writer_loop = None
 
     def _readable(self) -> None:
         try:
@@ -313,6 +356,7 @@ class EngineClient:
         if self._gone_reason is None:
             self._gone_reason = reason
         self._detach()
+        self._pending.clear()
         for stream, accepted in self._streams.values():
             stream.put(Delta([], True, "error", reason) if accepted else
                        APIError(reason, status=503, type="server_error", code="engine_down"))
