@@ -17,6 +17,7 @@ pytest.importorskip("uvicorn")
 
 from course_lib import EngineConfig, LLMEngine, load_tiny  # noqa: E402
 from course_lib.serve.launch import ServerThread  # noqa: E402
+from serve_support import wait_until  # noqa: E402
 
 CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -40,15 +41,6 @@ def background_load(url: str, stop: threading.Event, users: int = 8) -> threadin
     thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
     thread.start()
     return thread
-
-
-def wait_until(predicate, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import pytest
 
@@ -13,8 +12,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from course_lib import EngineConfig, LLMEngine, SamplingParams, load_tiny  # noqa: E402
+from course_lib import EngineConfig, LLMEngine, load_tiny  # noqa: E402
 from course_lib.serve.launch import ServerThread  # noqa: E402
+from serve_support import in_process, wait_until  # noqa: E402
 
 PROMPTS = ["reverse: 58213", "countdown: 12", "spell: 342", "sort: 93127"]
 
@@ -45,13 +45,6 @@ def client(server):
         yield c
 
 
-def in_process(tiny, text: str, max_tokens: int) -> list[int]:
-    model, tokenizer = tiny
-    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(text)],
-                                                       SamplingParams(max_tokens=max_tokens))
-    return out.token_ids
-
-
 def sse_events(response) -> list:
     events = []
     for line in response.iter_lines():
@@ -59,15 +52,6 @@ def sse_events(response) -> list:
             data = line[len("data: "):]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
-
-
-def wait_until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # ------------------------------------------------------------------------------------ answers

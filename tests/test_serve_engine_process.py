@@ -17,8 +17,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from course_lib import EngineConfig, LLMEngine, SamplingParams, load_tiny  # noqa: E402
+from course_lib import load_tiny  # noqa: E402
 from course_lib.serve.launch import ServerProcess  # noqa: E402
+from serve_support import engine_process_of, in_process, wait_until  # noqa: E402
 
 LINUX = sys.platform.startswith("linux")
 PROMPTS = ["add 12 and 30", "reverse abc", "what is 7 times 6?"]
@@ -39,13 +40,6 @@ def server():
 def client(server):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
-
-
-def in_process(tiny, text: str, max_tokens: int) -> list[int]:
-    model, tokenizer = tiny
-    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(text)],
-                                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    return out.token_ids
 
 
 def stream_ids(client, body: dict) -> tuple[list[int], list[dict]]:
@@ -74,24 +68,9 @@ def control(client, action: str, **kw) -> dict:
     return r.json()
 
 
-def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def engine_pid(server) -> int:
-    """The engine process: the server's child that is not multiprocessing's resource tracker."""
-    children = open(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read().split()
-    engines = [int(c) for c in children if b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()]
-    assert len(engines) == 1, f"expected one engine process among {children}"
-    return engines[0]
-
-
 def test_answers_equal_the_engine_in_process_streamed_or_not(tiny, client):
     for text in PROMPTS:
-        want = in_process(tiny, text, 12)
+        want = in_process(tiny, text, 12, ignore_eos=True)
         body = {"model": "tiny", "prompt": text, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
         whole = client.post("/v1/completions", json={**body, "return_token_ids": True})
         assert whole.status_code == 200, whole.text
@@ -121,14 +100,14 @@ def test_pause_step_admission_burst_and_a_full_queue_across_the_pipe(client):
             with other.stream("POST", "/v1/completions", json={**body, "stream": True}) as first:
                 assert first.status_code == 200  # admitted: waits in the queue while paused
                 wait_until(lambda: client.get("/dashboard/state").json()["stats"]["num_waiting"] == 1,
-                           "the request to wait")
+                           what="the request to wait")
                 full = client.post("/v1/completions", json=body)
                 assert full.status_code == 429, full.text
                 assert full.headers.get("retry-after") == "1"
                 assert full.json()["error"]["code"] == "queue_full"
                 assert client.get("/dashboard/state").json()["step"] == steps, "a paused engine stepped"
                 control(client, "step")
-                wait_until(lambda: client.get("/dashboard/state").json()["step"] == steps + 1, "one step")
+                wait_until(lambda: client.get("/dashboard/state").json()["step"] == steps + 1, what="one step")
                 control(client, "resume")
                 text = "".join(first.iter_text())
                 assert "[DONE]" in text
@@ -142,7 +121,7 @@ def test_pause_step_admission_burst_and_a_full_queue_across_the_pipe(client):
         control(client, "resume")
         control(client, "admission", policy="watermark")
     wait_until(lambda: metric(client, "course_lib_num_requests_waiting") == 0
-               and metric(client, "course_lib_num_requests_running") == 0, "the burst to drain")
+               and metric(client, "course_lib_num_requests_running") == 0, what="the burst to drain")
 
 
 def test_a_client_hanging_up_mid_stream_frees_its_pages(client):
@@ -151,7 +130,7 @@ def test_a_client_hanging_up_mid_stream_frees_its_pages(client):
     try:
         with httpx.Client(base_url=str(client.base_url), timeout=60) as other:
             with other.stream("POST", "/v1/completions", json=body) as r:
-                wait_until(lambda: metric(client, "course_lib_num_requests_waiting") == 1, "the request to queue")
+                wait_until(lambda: metric(client, "course_lib_num_requests_waiting") == 1, what="the request to queue")
                 control(client, "step")  # its prefill: the first token
                 lines = r.iter_lines()  # kept: a dropped line iterator closes the response (a hang-up)
                 assert next(line for line in lines if line.startswith("data: "))
@@ -159,7 +138,7 @@ def test_a_client_hanging_up_mid_stream_frees_its_pages(client):
                 assert metric(client, "course_lib_kv_pages_used") > 0
             # leaving the block closed the connection mid-answer
         wait_until(lambda: metric(client, "course_lib_kv_pages_used") == 0
-                   and metric(client, "course_lib_num_requests_running") == 0, "the pages to come back")
+                   and metric(client, "course_lib_num_requests_running") == 0, what="the pages to come back")
         assert metric(client, "course_lib_kv_pages_free") == metric(client, "course_lib_kv_pages_total") == 12
         assert 'course_lib_requests_finished_total{finish_reason="aborted"} 1.0' in client.get("/metrics").text
     finally:
@@ -177,7 +156,7 @@ def test_a_config_the_engine_refuses_stops_the_command_with_its_reason():
 def test_when_the_engine_process_dies_clients_hear_why_and_health_fails():
     with ServerProcess(["--max-num-seqs", "2", "--no-dashboard"]) as srv:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
-            pid = engine_pid(srv)
+            pid = engine_process_of(srv.proc.pid)
             body = {"model": "tiny", "prompt": "reverse abc", "max_tokens": 250, "ignore_eos": True, "stream": True}
             with c.stream("POST", "/v1/completions", json=body) as r:
                 lines = r.iter_lines()
@@ -196,7 +175,7 @@ def test_when_the_engine_process_dies_clients_hear_why_and_health_fails():
 @pytest.mark.skipif(not LINUX, reason="reads /proc")
 def test_stopping_the_server_stops_its_engine_process():
     srv = ServerProcess(["--max-num-seqs", "2", "--no-dashboard"])
-    pid = engine_pid(srv)
+    pid = engine_process_of(srv.proc.pid)
     srv.stop()
     deadline = time.monotonic() + 30
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
@@ -233,7 +212,7 @@ def test_a_flood_of_requests_never_wedges_the_two_pipes(server, client):
     assert set(statuses) <= {200, 429}, sorted(set(statuses))
     assert statuses.count(200) >= 1 and statuses.count(429) >= 500, (statuses.count(200), statuses.count(429))
     assert client.get("/health").status_code == 200
-    wait_until(lambda: metric(client, "course_lib_kv_pages_used") == 0, "the pool to empty")
+    wait_until(lambda: metric(client, "course_lib_kv_pages_used") == 0, what="the pool to empty")
 
 
 def test_commands_never_block_the_event_loop_and_arrive_whole_and_in_order():

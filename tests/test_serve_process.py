@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import pytest
+from serve_support import engine_process_of
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -54,14 +55,6 @@ def wait_gone(pid: int, url: str, timeout: float = 60.0) -> None:
     raise AssertionError(f"server {pid} still running {timeout:.0f} s after its parent went")
 
 
-def engine_of(pid: int) -> int:
-    """The server's engine process (its child that is not multiprocessing's resource tracker)."""
-    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    engines = [int(c) for c in children if b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()]
-    assert len(engines) == 1, f"expected one engine process among the server's children {children}"
-    return engines[0]
-
-
 def wait_all_gone(pids, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not all(gone(p) for p in pids) and time.monotonic() < deadline:
@@ -84,7 +77,7 @@ def start_parent(mode: str):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_parent_that_exits_without_stopping_stops_its_server():
     parent, pid, url = start_parent("exit")
-    engine = engine_of(pid)
+    engine = engine_process_of(pid)
     assert parent.wait(60) == 0
     wait_gone(pid, url)
     wait_all_gone([engine])
@@ -95,7 +88,7 @@ def test_a_killed_parent_takes_its_server_with_it():
     parent, pid, url = start_parent("hang")
     try:
         assert answers(url), "the server should be up while its parent lives"
-        engine = engine_of(pid)
+        engine = engine_process_of(pid)
     finally:
         parent.kill()  # SIGKILL: no atexit, no cleanup of any kind in the parent
         parent.wait(30)
@@ -107,7 +100,7 @@ def test_a_killed_parent_takes_its_server_with_it():
 def test_a_server_killed_outright_takes_its_engine_process_with_it():
     parent, pid, url = start_parent("hang")
     try:
-        engine = engine_of(pid)
+        engine = engine_process_of(pid)
         os.kill(pid, signal.SIGKILL)  # the HTTP process dies without a word: its pipes close
         wait_all_gone([engine])
     finally:
