@@ -249,3 +249,41 @@ def test_commands_never_block_the_event_loop_and_arrive_whole_and_in_order():
         os.close(write_end)
     assert received == messages
     assert not client._pending and client._writer_loop is None
+
+
+def test_the_output_pipe_reader_waits_for_a_frame_that_arrives_in_pieces():
+    """Under load the engine's write of one message can reach the HTTP side in several reads (the
+    event loop makes its end non-blocking): a first part waits, nothing is lost or misread. This is
+    what Connection.recv got wrong (BlockingIOError mid-message, taken for the engine's death)."""
+    from course_lib.serve.engine_process import EngineClient, frame_bytes
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    client = EngineClient.__new__(EngineClient)  # the pipe half alone, no engine process
+
+    class End:
+        def fileno(self):
+            return read_end
+
+    handled = []
+    client._outputs, client._inbox, client._handle = End(), bytearray(), handled.append
+    big = ("out", [(f"r{i}", list(range(50))) for i in range(300)], 7, 0.5)  # ~60 KB
+    frames = frame_bytes(("answer", 1, True, {"x": 1})) + frame_bytes(big) + frame_bytes(("answer", 2, True, None))
+    try:
+        client._readable()  # nothing there yet: no error, nothing handled
+        assert handled == []
+        pieces = [frames[:3], frames[3:40], frames[40:20000], frames[20000:-5], frames[-5:]]
+        for i, piece in enumerate(pieces):
+            os.write(write_end, piece)
+            while True:  # read everything that is there, as the event loop would
+                before = len(client._inbox), len(handled)
+                client._readable()
+                if (len(client._inbox), len(handled)) == before:
+                    break
+            if i < len(pieces) - 1:
+                assert len(handled) < 3, "a frame was handled before all of it arrived"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert handled == [("answer", 1, True, {"x": 1}), big, ("answer", 2, True, None)]
+    assert not client._inbox

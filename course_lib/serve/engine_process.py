@@ -13,8 +13,7 @@ way (the API server and EngineCore in separate processes).
       each stream's asyncio queue    ◀─── output pipe ─────  reads commands between steps, steps,
                                                              sends one message per iteration
 
-Messages are tuples of plain values, pickled (commands in length-prefixed frames of ours, outputs
-by multiprocessing's Connection):
+Messages are tuples of plain values, pickled, in length-prefixed frames (see `frame_bytes`):
     to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid)  ("ask", call_id, action, args)  ("stop",)
     from it:         ("ready", info)  ("failed", message)  ("out", [(rid, item)], num_steps, busy_s)
                      ("answer", call_id, ok, value)
@@ -77,8 +76,10 @@ def _decode(item):
     return APIError(text, status=status, type=kind, param=param, code=code, headers=headers)
 
 
-# The command pipe carries frames of our own (a 4-byte length, then the pickle) rather than
-# Connection.send's: the API side writes them without blocking, a part at a time if the pipe is full.
+# Both pipes carry frames of our own (a 4-byte length, then the pickle), not Connection.send's: the
+# API side's ends are non-blocking (it writes a part at a time when a pipe is full, and its event
+# loop makes the read end non-blocking too), so a frame may arrive in pieces, and Connection.recv
+# on a non-blocking pipe fails with BlockingIOError halfway through a message.
 def frame_bytes(message) -> bytes:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return len(data).to_bytes(4, "big") + data
@@ -90,12 +91,19 @@ def read_frame(fd: int):
     return pickle.loads(_read_exactly(fd, size))
 
 
+def write_frame(fd: int, message) -> None:
+    """One message into a blocking pipe, whole."""
+    data = memoryview(frame_bytes(message))
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def _read_exactly(fd: int, n: int) -> bytes:
     chunks = []
     while n:
         chunk = os.read(fd, n)
         if not chunk:
-            raise EOFError("the API process closed the command pipe")
+            raise EOFError("the pipe's writer has gone")
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
@@ -144,15 +152,15 @@ class PipedEngineLoop(EngineLoop):
             message = ("answer", call_id, True, self.control(action, *args))
         except Exception as err:
             message = ("answer", call_id, False, (type(err).__name__, str(err)))
-        self._pipe_out.send(message)
+        write_frame(self._pipe_out.fileno(), message)
 
     def _send_out(self, items) -> None:
         """One message per loop iteration that has news: items, or a step count /health shows."""
         if not items and self.num_steps == self._reported_steps:
             return
         self._reported_steps = self.num_steps
-        self._pipe_out.send(("out", [(stream.request_id, _encode(item)) for stream, item in items], self.num_steps,
-                             self.busy_s))
+        write_frame(self._pipe_out.fileno(), ("out", [(stream.request_id, _encode(item)) for stream, item in items],
+                                              self.num_steps, self.busy_s))
 
 
 def build_engine(args):
@@ -177,9 +185,11 @@ def engine_main(commands, outputs, args) -> None:
 
         loop = PipedEngineLoop(engine, commands, outputs, max_waiting=args.max_waiting, metrics=ServerMetrics(name))
     except Exception as err:  # the API process tells the user, as the command line would
-        outputs.send(("failed", str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"))
+        write_frame(outputs.fileno(), ("failed", str(err) if isinstance(err, ValueError) else
+                                       f"{type(err).__name__}: {err}"))
         return
-    outputs.send(("ready", {"model_name": name, "max_model_len": engine.max_model_len, "tokenizer": tokenizer}))
+    write_frame(outputs.fileno(), ("ready", {"model_name": name, "max_model_len": engine.max_model_len,
+                                             "tokenizer": tokenizer}))
     try:
         loop._run()  # on this (the only) thread, until "stop" or the API process goes
     except (BrokenPipeError, OSError):  # the API process is gone mid-send
@@ -214,12 +224,13 @@ class EngineClient:
         os.set_blocking(self._fd, False)
         self._pending = bytearray()
         self._writer_loop = None
+        self._inbox = bytearray()
         self._ready = False
         self.num_steps, self.busy_s = 0, 0.0
         try:
             if not self._outputs.poll(timeout):
                 raise RuntimeError(f"the engine process did not start within {timeout:.0f} s")
-            message = self._outputs.recv()
+            message = read_frame(self._outputs.fileno())  # still blocking: no event loop has watched it
         except EOFError:
             self.process.join(5)
             self.stop()
@@ -319,13 +330,29 @@ class EngineClient:
             self._writer_loop = None
 
     def _readable(self) -> None:
+        """Whatever has arrived (the loop made the pipe non-blocking): whole frames are handled, a
+        frame's first part waits in `_inbox` for the rest."""
         try:
-            while self._outputs.poll():
-                self._handle(self._outputs.recv())
-        except (EOFError, OSError):
+            data = os.read(self._outputs.fileno(), 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # end of file: the engine process is gone
             self.process.join(1)
             log.error("the engine process stopped (exit code %s)", self.process.exitcode)
             self._gone(f"the engine process stopped (exit code {self.process.exitcode})")
+            return
+        inbox = self._inbox
+        inbox += data
+        start = 0
+        while len(inbox) - start >= 4:
+            end = start + 4 + int.from_bytes(inbox[start:start + 4], "big")
+            if len(inbox) < end:
+                break
+            self._handle(pickle.loads(inbox[start + 4:end]))
+            start = end
+        del inbox[:start]
 
     def _handle(self, message) -> None:
         if message[0] == "answer":
