@@ -274,10 +274,9 @@ class EngineClient:
     def stop(self, timeout: float = 10.0) -> None:
         self._detach()
         if self._ready and self._gone_reason is None:  # say stop, after what is still pending
-            try:
-                os.set_blocking(self._fd, True)
+            try:  # never blocking: an engine that cannot take it now is terminated below instead
                 os.write(self._fd, bytes(self._pending) + frame_bytes(("stop",)))
-            except OSError:  # the engine process has gone already
+            except OSError:  # the pipe is full, or the engine process has gone already
                 pass
         self.process.join(timeout)
         if self.process.is_alive():
