@@ -18,6 +18,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from course_lib import load_tiny  # noqa: E402
+from course_lib.loadgen.scrape import parse_prometheus  # noqa: E402
 from course_lib.serve.launch import ServerProcess  # noqa: E402
 from serve_support import engine_process_of, in_process, wait_until  # noqa: E402
 
@@ -56,10 +57,7 @@ def stream_ids(client, body: dict) -> tuple[list[int], list[dict]]:
 
 
 def metric(client, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    return parse_prometheus(client.get("/metrics").text)[name]
 
 
 def control(client, action: str, **kw) -> dict:

@@ -66,38 +66,29 @@ async def stream_completion(session, url: str, body: dict, record: Record, t0: f
                 record.error = _error_message(await response.read(), response.status)
                 record.finish_reason = "error"
                 return record
-            buffer = b""
-            async for data in response.content.iter_any():  # whatever arrived: one or more events
-                events = (buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
-                buffer = events.pop()  # an event not finished yet
-                now = clock() - t0
-                for raw in events:
-                    for line in raw.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue  # comments, event names, ids: nothing the record needs
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            continue
-                        event = json.loads(data)
-                        if "error" in event:
-                            record.error = event["error"].get("message", str(event["error"]))
-                            record.finish_reason = "error"
-                            continue
-                        if event.get("usage"):
-                            usage_tokens = event["usage"].get("completion_tokens")
-                        for choice in event.get("choices") or ():
-                            text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                            new_ids = choice.get("token_ids")
-                            if text or new_ids:
-                                if record.first_token_time is None:
-                                    record.first_token_time = now
-                                record.chunk_times.append(now)
-                                chunks += 1
-                                texts.append(text)
-                                if ids is not None and new_ids:
-                                    ids.extend(new_ids)
-                            if choice.get("finish_reason"):
-                                record.finish_reason = choice["finish_reason"]
+            async for now, data in _data_lines(response.content, clock, t0):
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    record.error = event["error"].get("message", str(event["error"]))
+                    record.finish_reason = "error"
+                    continue
+                if event.get("usage"):
+                    usage_tokens = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or ():
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                    new_ids = choice.get("token_ids")
+                    if text or new_ids:
+                        if record.first_token_time is None:
+                            record.first_token_time = now
+                        record.chunk_times.append(now)
+                        chunks += 1
+                        texts.append(text)
+                        if ids is not None and new_ids:
+                            ids.extend(new_ids)
+                    if choice.get("finish_reason"):
+                        record.finish_reason = choice["finish_reason"]
     except Exception as err:  # connection refused, reset, timeout, bad JSON: a failed request
         record.error = f"{type(err).__name__}: {err}"
         record.finish_reason = "error"
@@ -112,6 +103,20 @@ async def stream_completion(session, url: str, body: dict, record: Record, t0: f
         record.finish_reason = "error"
         record.error = record.error or "stream ended without a finish_reason"
     return record
+
+
+async def _data_lines(content, clock, t0: float):
+    """(time since `t0`, payload) for each SSE `data:` line, the time being when its network read came
+    in: the body is read as it arrives and split here (one await per read, not one per line)."""
+    buffer = b""
+    async for data in content.iter_any():
+        events = (buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
+        buffer = events.pop()  # an event not finished yet
+        now = clock() - t0
+        for raw in events:
+            for line in raw.split(b"\n"):
+                if line.startswith(b"data:"):  # comments, event names, ids: nothing the record needs
+                    yield now, line[5:].strip()
 
 
 def run_async(coroutine):

@@ -42,7 +42,6 @@ class ServeState:
     tokenizer: object
     model_name: str
     max_model_len: int
-    metrics: ServerMetrics | None = None
     burst_max_tokens: int = 48
     # A stream's chunks go out at most this often (its first token and its end at once): tokens
     # that arrive sooner wait and share the next chunk. Each chunk costs the server ~30 us of Python
@@ -323,4 +322,4 @@ def build_server_state(engine, tokenizer, model_name: str = "tiny", max_waiting:
     """An engine loop (started) around `engine`, and the state the app serves it with."""
     server_metrics = ServerMetrics(model_name) if metrics else None
     loop = EngineLoop(engine, max_waiting=max_waiting, metrics=server_metrics).start()
-    return ServeState(loop, tokenizer, model_name, engine.max_model_len, server_metrics)
+    return ServeState(loop, tokenizer, model_name, engine.max_model_len)

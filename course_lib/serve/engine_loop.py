@@ -341,7 +341,7 @@ class EngineLoop:
     # ------------------------------------------------------------------ delivery
     def _post(self, stream: RequestStream | None, item) -> None:
         if stream is not None:
-            self._outbox.setdefault(getattr(stream, "loop", None), []).append((stream, item))
+            self._outbox.setdefault(stream.loop, []).append((stream, item))
 
     def _flush(self) -> None:
         if self.deliver is not None:

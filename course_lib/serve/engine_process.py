@@ -122,10 +122,10 @@ class PipedEngineLoop(EngineLoop):
         self._poller.register(commands.fileno(), select.POLLIN)
 
     def _take_commands(self, wait_s: float) -> list:
-        taken = super()._take_commands(0.0)  # its own (stop) first
+        taken = []
         try:
             wait_ms = int(wait_s * 1000)
-            while self._poller.poll(wait_ms):  # readable, or hung up (then recv raises EOFError)
+            while self._poller.poll(wait_ms):  # readable, or hung up (then read_frame raises EOFError)
                 taken.append(self._command(read_frame(self._pipe_in.fileno())))
                 wait_ms = 0
         except (EOFError, OSError):  # the API process is gone: so is the reason to run
