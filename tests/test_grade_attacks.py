@@ -26,19 +26,13 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from autograder import grade as G
-from autograder.submissions import perfect_submission, released_submission, with_answer
+from autograder.submissions import released_submission, with_answer
 
-ROOT = Path(__file__).resolve().parents[1]
-KV = ("00_setup", "kv_bytes_per_token", "kv_bytes_per_token_tests")  # (assignment, answer cell, test cell)
-PAD = ("01_static_batching", "pad_batch", "pad_batch_tests")
-MAX = 1.0  # kv_bytes_per_token's points
+from attack_cases import KV, MAX, PAD, ROOT, WRONG, Builder, Graded, all_cases, attack, honest
+from attack_cases import write as _write
+from attack_cases import write_sources as _sources
 
-# Right only on the test cell's visible example: every check seed fails.
-WRONG = '''def kv_bytes_per_token(config, bytes_per_elem):
-    if (config.num_layers, config.num_kv_heads, config.head_dim, bytes_per_elem) == (1, 1, 4, 4):
-        return 32
-    return 0
-'''
+ROUND_TWO = all_cases()  # tests/attack_cases/: one module per area of issue 23
 
 # Neutralise the in-kernel guard (found through the garbage collector: its snapshot compares
 # nothing, its reload reloads nothing) and replace the check with one that passes everything.
@@ -290,50 +284,6 @@ def _one_megabyte() -> str:
             + "".join(f"_x{i} = {i}  # {'(' * 20}\n" for i in range(20_000)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Building the submissions from the solution notebook
-# ---------------------------------------------------------------------------------------------
-
-
-PREAMBLE = "import torch\n\nfrom course_lib.course import checking"  # what the two cells need
-
-
-def trimmed_source(which=KV):
-    """The solution notebook of `which` with only its exercise: a preamble, the answer cell and its
-    test cell (the rest of the notebook would only make every kernel slower)."""
-    assignment, answer_id, test_id = which
-    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    nb.cells = [new_code_cell(PREAMBLE)] + [c for c in nb.cells if G.grade_id(c) in (answer_id, test_id)]
-    return nb
-
-
-def honest(source):
-    return perfect_submission(source, released_submission(source))
-
-
-def attack(source, code: str, after: list[str] = (), which=KV):
-    """The perfect submission with the exercise's answer cell holding `code`, and cells `after` at the end."""
-    nb = with_answer(honest(source), which[1], code)
-    nb.cells += [new_code_cell(extra) for extra in after]
-    return nb
-
-
-def _write(base: Path, student: str, nb, which=KV) -> Path:
-    path = base / "submitted" / student / which[0] / f"{which[0]}.ipynb"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, path)
-    return path
-
-
-def _sources(base: Path) -> tuple[Path, dict]:
-    source_dir, sources = base / "source", {}
-    for which in (KV, PAD):
-        sources[which] = trimmed_source(which)
-        (source_dir / which[0]).mkdir(parents=True)
-        nbformat.write(sources[which], source_dir / which[0] / f"{which[0]}.ipynb")
-    return source_dir, sources
-
-
 def _by_student(result) -> dict:
     return {nb["student"]: nb for nb in result["notebooks"]}
 
@@ -364,6 +314,9 @@ def batch(tmp_path_factory):
     paths.append(_write(base, "honest_last", honest(source)))
     paths.append(_write(base, "honest_pad_last", with_answer(honest(sources[PAD]), PAD[1], HONEST_PAD), PAD))
     paths.append(_write(base, "released_last", released_submission(source)))
+    builder = Builder(base=base, source_dir=source_dir, sources=sources)
+    for case in ROUND_TWO:
+        paths += case.build(builder)
     # (solutions/ itself is not compared: other people edit it while this runs; no sandbox mounts it)
     sources_before = {p: p.read_bytes() for p in source_dir.rglob("*.ipynb")}
     result = G.grade(paths, source_dir=source_dir, timeout=60, html_dir=base / "html", jobs=2, out_dir=out,
@@ -371,6 +324,18 @@ def batch(tmp_path_factory):
     assert {p: p.read_bytes() for p in sources_before} == sources_before, "a submission changed the sources"
     grades.write_text(json.dumps(result))
     return base, result, _by_student(result)
+
+
+@pytest.fixture(scope="module")
+def graded(batch):
+    base, result, by = batch
+    return Graded(base=base, result=result, by=by, out=base / "results", html=base / "html")
+
+
+@pytest.mark.parametrize("case", ROUND_TWO, ids=[c.name for c in ROUND_TWO])
+def test_round_two(graded, case):
+    """Issue 23's attacks (and honest submissions), graded in the same batch."""
+    case.expect(graded)
 
 
 def test_honest_grades_do_not_move(batch):
