@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -12,8 +13,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grade", help="grade submitted notebooks without an nbgrader database",
                        description="Grade notebooks: restore test / read-only cells from the source, run them in a "
                                    "fresh kernel under the integrity guard, score the graded test cells.")
-    g.add_argument("notebooks", nargs="+", help="submitted .ipynb files (or folders of them)")
-    g.add_argument("--json", required=True, help="where to write the grades (JSON)")
+    g.add_argument("notebooks", nargs="*", help="submitted .ipynb files (or folders of them)")
+    g.add_argument("--json", help="where to write the grades (JSON; required unless --doctor)")
     g.add_argument("--source-dir", default="solutions",
                    help="the instructor's nbgrader source notebooks, <dir>/<assignment>/<name>.ipynb (default: solutions)")
     g.add_argument("--timeout", type=int, default=60, help="per-cell timeout in seconds (default: 60)")
@@ -29,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--unsafe", action="store_true",
                    help="grade without a sandbox when none can be made (never for untrusted submissions)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--seed-key", default=None,
+                   help="an instructor secret: hidden tests run with seeds derived from it instead of the notebooks' "
+                        "own (also $AUTOGRADER_SEED_KEY, which keeps it out of the process list)")
+    g.add_argument("--doctor", action="store_true",
+                   help="grade nothing: show what a submission's sandbox will see (mounts, Python, imports, limits, "
+                        "uid, network, the replay's isolation) by starting one; exit 0 if grading would work")
 
     d = sub.add_parser("demo-course", help="run the real nbgrader flow on a throwaway course directory",
                        description="generate_assignment, simulated release and collection (a perfect student, a "
@@ -49,8 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "grade":
+        if args.seed_key:
+            from .hidden_seeds import KEY_ENV
+
+            os.environ[KEY_ENV] = args.seed_key  # (read by every worker; never passed into a sandbox)
+        if args.doctor:
+            from .doctor import doctor
+
+            return doctor(kernel=args.kernel, source_dir=args.source_dir)
+        if not args.notebooks or not args.json:
+            parser.error("grade: the following arguments are required: notebooks, --json (or --doctor)")
         from .grade import main as grade_main
 
         return grade_main(args)

@@ -5,10 +5,14 @@ CSV, resumable.
 
 - each submission is graded by a worker process (spawned, `PYTHONHASHSEED=0` like the kernels, so
   that the grader's replay iterates sets exactly as the sandbox did), in its own sandbox;
-- `results/<student>__<assignment>__<notebook>.json` is written (atomically) as soon as that
-  submission is graded, so nothing is lost if the run is interrupted or a worker dies;
+- `results/<student>__<assignment>__<notebook>__<hash>.json` is written (atomically) as soon as
+  that submission is graded, so nothing is lost if the run is interrupted or a worker dies (the
+  name is an ASCII slug plus a hash of the exact student and notebook: `result_name`);
   `results/summary.csv` (student, notebook, score, max_score, flags, integrity, errors) is
-  rewritten as results come in;
+  rewritten as results come in, every cell safe from spreadsheet formulas (`csv_cell`);
+- a submission is refused, not run, when it or anything next to it is a symbolic link
+  (`symlink_refusal`), when its folder names no assignment (`grade.source_lookup`), or when it is
+  another assignment's notebook (`grade.source_mismatch`);
 - run the same command again and every submission whose JSON is there, for the same file
   contents (SHA-256) and the same source, is taken from it instead of being graded again.
 
@@ -27,6 +31,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -34,78 +39,204 @@ from pathlib import Path
 RESULT_VERSION = 2
 
 
+def find_notebooks(folder: Path) -> list[Path]:
+    """The notebooks below `folder` (checkpoints skipped), without following symbolic links: a
+    linked notebook or folder is listed as itself, for the batch to refuse by name."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d != ".ipynb_checkpoints")
+        found += [Path(dirpath) / d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        found += [Path(dirpath) / f for f in filenames if f.endswith(".ipynb")]
+    return sorted(found)
+
+
+def _below(path: Path, roots: list[Path]) -> tuple[Path, tuple[str, ...]] | None:
+    """(root, parts of `path` below it) for the first folder of `roots` above `path`. Symbolic links
+    are not resolved (a link must be seen, not followed), so paths are compared as written."""
+    absolute = Path(os.path.abspath(path))
+    for root in roots:
+        top = Path(os.path.abspath(root))
+        if top in absolute.parents:
+            return Path(root), absolute.relative_to(top).parts
+    return None
+
+
 def student_and_notebook(path: Path, roots: list[Path]) -> tuple[str, str]:
     """('alice', '03_paged_kv/03_paged_kv.ipynb') for submitted/alice/03_paged_kv/03_paged_kv.ipynb
     under the folder given on the command line (nbgrader's layout); the file's stem otherwise."""
-    path = path.resolve()
-    for root in roots:
-        root = root.resolve()
-        if root.is_dir() and root in path.parents:
-            parts = path.relative_to(root).parts
-            if len(parts) >= 2:
-                return parts[0], "/".join(parts[1:])
-    parts = path.parts[-3:]  # .../<student>/<assignment>/<notebook>.ipynb
+    below = _below(path, roots)
+    if below is not None and len(below[1]) >= 2:
+        return below[1][0], "/".join(below[1][1:])
+    parts = Path(os.path.abspath(path)).parts[-3:]  # .../<student>/<assignment>/<notebook>.ipynb
     if len(parts) == 3:
         return parts[0], "/".join(parts[1:])
-    return path.stem, path.name
+    return Path(path).stem, Path(path).name
 
 
-def result_name(student: str, notebook: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{student}__{notebook}".replace("/", "__")).removesuffix(".ipynb") + ".json"
+def symlink_refusal(path: Path, roots: list[Path]) -> str | None:
+    """Why `path` is refused, or None: it, a folder on its way down from the folder given on the
+    command line (for a notebook given by itself: its <student>/<assignment> folders, which a
+    shell glob would have gone through), or a file next to it (copied into the sandbox as data)
+    is a symbolic link. A link is named, never followed (submitted/eve/00_setup/data.txt ->
+    solutions/... would put the answer key where the student's code can print it)."""
+    path = Path(path)
+    below = _below(path, roots)
+    if below is not None:
+        chain = [below[0].joinpath(*below[1][:i]) for i in range(1, len(below[1]) + 1)]
+    else:
+        chain = [p for p in (path.parent.parent, path.parent) if p.name] + [path]
+    links = [p for p in chain if os.path.islink(p)]
+    if not links and os.path.isdir(path.parent):
+        try:
+            with os.scandir(path.parent) as entries:
+                links = sorted(path.parent / e.name for e in entries if e.is_symlink())
+        except OSError:
+            links = []  # (an unreadable folder: grading reports it)
+    if not links:
+        return None
+    return (f"{links[0]} is a symbolic link: refused (a submission's files and folders are never followed out "
+            "of it: hand in the files themselves)")
+
+
+def result_name(student: str, notebook: str, suffix: str = ".json") -> str:
+    """`<student>__<assignment>__<notebook>__<hash><suffix>`: a readable ASCII slug (any Unicode
+    folded to ASCII, anything else `_`, at most 80 characters) and 12 hex digits of the SHA-256 of
+    the exact (student, notebook) pair, so that names differing only in letters the slug drops
+    ('José' / 'Josè'), in `/` or `__`, or in case, never share a file. One path component, never
+    hidden, never `..`."""
+    exact = json.dumps([student, notebook])  # (ASCII: undecodable bytes of a file name survive too)
+    digest = hashlib.sha256(exact.encode("ascii")).hexdigest()[:12]
+    readable = unicodedata.normalize("NFKD", f"{student}__{notebook}".replace("/", "__")).removesuffix(".ipynb")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", readable.encode("ascii", "ignore").decode("ascii"))
+    slug = slug[:80].strip("._-") or "submission"
+    return f"{slug}__{digest}{suffix}"
+
+
+def inside(folder: Path, name: str) -> Path:
+    """folder/name, after checking that it resolves to a file directly in `folder`."""
+    top = Path(folder).resolve()
+    target = top / name
+    if target.resolve().parent != top or target.name != name:
+        raise ValueError(f"refusing to write {name!r}: it is not a file name inside {top}")
+    return target
+
+
+_FORMULA_START = ("=", "+", "-", "@")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def csv_cell(value) -> str:
+    """A summary.csv cell that no spreadsheet reads as a formula (OWASP's CSV injection advice):
+    control characters, line breaks included, written as escapes (`\\n`), and a cell starting
+    with =, +, -, @ (after spaces), a tab, CR or LF given a leading apostrophe."""
+    text = str(value)
+    risky = text[:1] in ("\t", "\r", "\n") or text.lstrip(" ")[:1] in _FORMULA_START
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    return "'" + text if risky else text
+
+
+def terminal_safe(text: str) -> str:
+    """A line for the instructor's terminal: escape sequences, line breaks and invisible controls
+    from students' file names and messages written as escapes."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(text))
 
 
 def _sha256(path: Path) -> str:
+    from .grade import _open_no_follow
+
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with _open_no_follow(Path(path)) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-    except OSError:
+    except Exception:  # noqa: BLE001 - unreadable, a link, not a file: grading says why
         return ""
     return h.hexdigest()
 
 
+def _refused(task: dict, why: str) -> dict:
+    """The entry of a submission the grader does not run: every test cell of its source (if it has
+    one) not run, with the reason."""
+    from .grade import _cell_entry, _empty_entry, _read, is_test_cell, points
+
+    entry = _empty_entry(task["path"], task["source"])
+    entry["errors"].append(why[:1000])
+    if task["source_copy"]:
+        tests = [c for c in _read(Path(task["source_copy"])).cells if is_test_cell(c)]
+        entry["max_score"] = sum(points(c) for c in tests)
+        entry["cells"] = [_cell_entry(c, 0.0, "not_run", why[:1000]) for c in tests]
+    return entry
+
+
+def _mismatch(task: dict) -> str | None:
+    """Why the submission is another assignment's notebook (grade.source_mismatch), or None. An
+    unreadable submission is left to grade_notebook, which says why."""
+    from .grade import read_submission, source_mismatch
+
+    if not task["source_copy"]:
+        return None
+    try:
+        submission = read_submission(Path(task["path"]), task["max_bytes"])
+    except Exception:  # noqa: BLE001
+        return None
+    ids = {key: set(value) for key, value in task["answer_ids"].items()}
+    return source_mismatch(submission, ids.get(task["source_key"], set()), task["source_key"], ids)
+
+
 def grade_task(task: dict) -> dict:
-    """One submission (in a worker process): grade it, write its JSON and HTML, return the entry."""
-    from .grade import grade_notebook, render_html
+    """One submission (in a worker process): grade it (or refuse it), write its JSON and HTML,
+    return the entry."""
+    from .grade import GradingRefused, grade_notebook, render_html
 
     path = Path(task["path"])
-    try:
-        entry, nb = grade_notebook(path, Path(task["source_copy"]) if task["source_copy"] else None,
-                                   timeout=task["timeout"], kernel_name=task["kernel"], guard=task["guard"],
-                                   sandbox=task["sandbox"], budget_s=task["budget_s"], max_bytes=task["max_bytes"])
-    except Exception as exc:  # noqa: BLE001 - a grader bug on one notebook must not lose the others
-        from .grade import _empty_entry
+    why = task["refused"] or _mismatch(task)
+    if why is not None:
+        entry, nb = _refused(task, why), None
+    else:
+        try:
+            entry, nb = grade_notebook(path, Path(task["source_copy"]) if task["source_copy"] else None,
+                                       timeout=task["timeout"], kernel_name=task["kernel"], guard=task["guard"],
+                                       sandbox=task["sandbox"], budget_s=task["budget_s"], max_bytes=task["max_bytes"])
+        except GradingRefused as exc:  # (a link that appeared next to it since the batch looked)
+            entry, nb = _refused(task, str(exc)), None
+        except Exception as exc:  # noqa: BLE001 - a grader bug on one notebook must not lose the others
+            from .grade import _empty_entry
 
-        entry, nb = _empty_entry(path, task["source"]), None
-        entry["errors"].append(f"grader error: {type(exc).__name__}: {exc}")
+            entry, nb = _empty_entry(path, task["source"]), None
+            entry["errors"].append(f"grader error: {type(exc).__name__}: {exc}")
     entry["source"] = task["source"]
     entry.update(student=task["student"], notebook=task["notebook"], submission_sha256=task["sha256"],
                  result_version=RESULT_VERSION)
     if task["html_dir"] is not None:
-        out = Path(task["html_dir"])
-        out.mkdir(parents=True, exist_ok=True)
-        page = out / result_name(task["student"], task["notebook"]).replace(".json", ".html")
-        page.write_text(render_html(entry, nb), encoding="utf-8")
+        page = inside(_made(task["html_dir"]), result_name(task["student"], task["notebook"], ".html"))
+        _write_atomic(page, render_html(entry, nb))
         entry["html"] = str(page)
     if task["out_dir"] is not None:
-        _write_json(Path(task["out_dir"]) / result_name(task["student"], task["notebook"]), entry)
+        path = inside(_made(task["out_dir"]), result_name(task["student"], task["notebook"]))
+        _write_atomic(path, json.dumps(entry, indent=2) + "\n")
     return entry
 
 
-def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+def _made(folder) -> Path:
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return Path(folder)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `path` through a temporary file next to it (never through a link planted there)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 
 def _previous(out_dir: Path | None, task: dict) -> dict | None:
-    if out_dir is None:
+    if out_dir is None or task["refused"]:
         return None
-    path = out_dir / result_name(task["student"], task["notebook"])
     try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
+        path = inside(out_dir, result_name(task["student"], task["notebook"]))
+        entry = None if path.is_symlink() else json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if (isinstance(entry, dict) and entry.get("submission_sha256") == task["sha256"]
@@ -114,24 +245,30 @@ def _previous(out_dir: Path | None, task: dict) -> dict | None:
     return None
 
 
+SUMMARY_COLUMNS = ["student", "notebook", "score", "max_score", "flags", "integrity", "errors", "duration_s"]
+
+
 def write_summary(path: Path, entries: list[dict]) -> None:
+    """summary.csv, one row per submission; every cell through `csv_cell` (students name their
+    folders and write the text that ends up in flags and errors)."""
+    rows = [SUMMARY_COLUMNS]
+    for e in sorted(entries, key=lambda e: (str(e.get("student", "")), str(e.get("notebook", "")))):
+        joined = {key: " | ".join(map(str, e.get(key, []))) for key in ("flags", "integrity", "errors")}
+        rows.append([e.get("student", ""), e.get("notebook", ""), f"{e['score']:g}", f"{e['max_score']:g}",
+                     joined["flags"][:2000], joined["integrity"][:2000], joined["errors"][:500], e.get("duration_s", "")])
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "notebook", "score", "max_score", "flags", "integrity", "errors", "duration_s"])
-        for e in sorted(entries, key=lambda e: (e.get("student", ""), e.get("notebook", ""))):
-            w.writerow([e.get("student", ""), e.get("notebook", ""), f"{e['score']:g}", f"{e['max_score']:g}",
-                        " | ".join(e.get("flags", []))[:2000], " | ".join(e.get("integrity", []))[:2000],
-                        " | ".join(e.get("errors", []))[:500], e.get("duration_s", "")])
+        csv.writer(f).writerows([[csv_cell(cell) for cell in row] for row in rows])
     os.replace(tmp, path)
 
 
 def run_batch(paths, *, roots, source_dir, timeout, html_dir, kernel_name, jobs, guard, sandbox, budget_s,
               max_bytes, out_dir=None, progress=True) -> dict:
-    from .grade import find_source, source_index
+    from .grade import _read, answer_ids, source_index, source_lookup
 
     source_dir = Path(source_dir)
     out_dir = Path(out_dir) if out_dir is not None else None
+    roots = [Path(r) for r in roots]
     index = source_index(source_dir)
     # Sources are copied once, up front, to a folder no sandbox mounts: a submission that rewrites
     # solutions/ (it cannot: it is not in the sandbox) or the copy (likewise) changes no later grade.
@@ -142,16 +279,26 @@ def run_batch(paths, *, roots, source_dir, timeout, html_dir, kernel_name, jobs,
         dest.parent.mkdir(parents=True)
         shutil.copy2(src, dest)
         cached[src] = dest
+    ids = {}  # what makes each source that assignment (grade.source_mismatch)
+    for key, src in index.items():
+        try:
+            ids[key] = sorted(answer_ids(_read(cached[src])))
+        except Exception:  # noqa: BLE001 - an unreadable source: its submissions say so when graded
+            ids[key] = []
+    keys = {src: key for key, src in index.items()}
     tasks = []
     for p in paths:
         p = Path(p)
-        src = find_source(p, index)
-        student, notebook = student_and_notebook(p, [Path(r) for r in roots])
+        refused = symlink_refusal(p, roots)
+        src, why = (None, "") if refused else source_lookup(p, index)
+        student, notebook = student_and_notebook(p, roots)
         tasks.append({"path": str(p), "source": str(src) if src else None,
-                      "source_copy": str(cached[src]) if src else None, "student": student, "notebook": notebook,
-                      "sha256": _sha256(p), "timeout": timeout, "kernel": kernel_name, "guard": guard,
-                      "sandbox": sandbox, "budget_s": budget_s, "max_bytes": max_bytes,
-                      "html_dir": str(html_dir) if html_dir else None, "out_dir": str(out_dir) if out_dir else None})
+                      "source_copy": str(cached[src]) if src else None, "source_key": keys.get(src),
+                      "answer_ids": ids, "refused": refused or why or None, "student": student,
+                      "notebook": notebook, "sha256": "" if refused else _sha256(p), "timeout": timeout,
+                      "kernel": kernel_name, "guard": guard, "sandbox": sandbox, "budget_s": budget_s,
+                      "max_bytes": max_bytes, "html_dir": str(html_dir) if html_dir else None,
+                      "out_dir": str(out_dir) if out_dir else None})
     results: dict[int, dict] = {}
     for i, task in enumerate(tasks):
         previous = _previous(out_dir, task)

@@ -23,13 +23,24 @@ class Exercise:
     counterpart: str | None = None  # "course_lib.pkg.module:Name" doing the same job, if any
     interface: str = ""  # one line: the signature the student implements
     cell: str | None = None  # the graded test cell's grade_id, when it is not "<adapter>_tests"
-    hidden_seeds: tuple[int, ...] = (1, 2)  # the test cell's hidden tests call the check with these
+    visible_seed: int = 0  # the seed the released test cell calls the check with
 
+    # The hidden tests' seeds are not in this table (it ships with the package): they live only in the
+    # instructor's solution notebooks (autograder/hidden_seeds.py), read from there on demand.
     @property
     def graded_seeds(self) -> tuple[int, ...]:
-        """Every seed a grading calls the check with: the visible 0, then the hidden ones. Every
-        mutant must fail on each of them (no seed luck), every control pass on each."""
-        return (0, *self.hidden_seeds)
+        """Every seed a grading calls the check with: the visible one, then the hidden ones, as the
+        solution notebook's test cell writes them (instructor side only: `hidden_seeds.NoSolutions`
+        where there is no solutions/). Every mutant must fail on each of them (no seed luck), every
+        control pass on each."""
+        from .hidden_seeds import graded_seeds
+
+        return graded_seeds(self)
+
+    @property
+    def hidden_seeds(self) -> tuple[int, ...]:
+        """The graded seeds other than the visible one (instructor side only, as `graded_seeds`)."""
+        return tuple(s for s in self.graded_seeds if s != self.visible_seed)
 
     @property
     def assignment(self) -> str:
@@ -89,7 +100,7 @@ EXERCISES: list[Exercise] = [
     E("nb06_prefix_caching", "page_keys", 2, "course_lib.kv.prefix_cache:PrefixCache",
       "page_keys(token_ids, page_size) -> list of hashable keys, one per full page"),
     E("nb06_prefix_caching", "StudentPrefixCache", 4, "course_lib.kv.prefix_cache:PrefixCache",
-      "class StudentPrefixCache(pool): lookup / register / evict / is_cached / counters", hidden_seeds=(1,)),
+      "class StudentPrefixCache(pool): lookup / register / evict / is_cached / counters"),
     E("nb07_admission_control", "StudentRecompute", 3, "course_lib.scheduler.continuous:ContinuousScheduler",
       "class StudentRecompute(ContinuousScheduler): choose_victim() -> Request, preempt(request) -> None"),
     E("nb07_admission_control", "StudentWatermark", 3, "course_lib.scheduler.admission:WatermarkAdmission",

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import html
 import io
 import json
 import os
 import re
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -96,33 +96,81 @@ def _read(path: Path):
 
 
 def source_index(source_dir: Path) -> dict[str, Path]:
-    """'<assignment>/<name>.ipynb' and '<name>.ipynb' -> source path (checkpoints ignored)."""
+    """'<assignment>/<name>.ipynb' -> source path, for nbgrader's source layout
+    `<source-dir>/<assignment>/<name>.ipynb` (checkpoints, and notebooks at other depths, ignored)."""
     index: dict[str, Path] = {}
     if not source_dir.is_dir():
         return index
     for path in sorted(source_dir.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
         rel = path.relative_to(source_dir)
-        index.setdefault(str(rel.parent / rel.name) if rel.parent != Path(".") else rel.name, path)
-        index.setdefault(path.name, path)
+        if ".ipynb_checkpoints" not in rel.parts and len(rel.parts) == 2:
+            index.setdefault(rel.as_posix(), path)
     return index
 
 
+def source_lookup(submission: Path, index: dict[str, Path]) -> tuple[Path | None, str]:
+    """(source, "") for the assignment the submission's folder names, or (None, why not).
+
+    The folder decides, never the file's name or content (nbgrader's layout
+    `submitted/<student>/<assignment>/<name>.ipynb`): the source with the same folder and file
+    name; else, if that assignment has exactly one notebook, that one (a student's renamed copy:
+    `source_mismatch` refuses it if it is another assignment's notebook). A folder that names no
+    assignment is refused: a file name alone would let `00_setup.ipynb` in any folder be graded as
+    the easiest assignment."""
+    folder = submission.parent.name
+    if f"{folder}/{submission.name}" in index:
+        return index[f"{folder}/{submission.name}"], ""
+    assignments: dict[str, list[str]] = {}
+    for key in index:
+        assignment, name = key.split("/", 1)
+        assignments.setdefault(assignment, []).append(name)
+    if folder in assignments:
+        names = assignments[folder]
+        if len(names) == 1:
+            return index[f"{folder}/{names[0]}"], ""
+        return None, (f"no source notebook for this submission: assignment {folder!r} has no notebook named "
+                      f"{submission.name!r} (its notebooks: {', '.join(sorted(names))})")
+    known = ", ".join(sorted(assignments)[:30]) or "none"
+    return None, (f"no source notebook for this submission: its folder {folder[:100]!r} names no assignment of the "
+                  f"source folder (assignments: {known}); hand notebooks in as "
+                  "<student>/<assignment>/<notebook>.ipynb (see --source-dir)")
+
+
 def find_source(submission: Path, index: dict[str, Path]) -> Path | None:
-    """The source notebook of a submission: same assignment folder and file name; else the same
-    file name; else the source whose name the submission's name contains (longest wins), so that
-    `alice_03_paged_kv.ipynb` still finds `03_paged_kv/03_paged_kv.ipynb`."""
-    key = f"{submission.parent.name}/{submission.name}"
-    if key in index:
-        return index[key]
-    if submission.name in index:
-        return index[submission.name]
-    stem = submission.stem
-    candidates = [p for p in set(index.values()) if p.stem in stem or p.parent.name in stem]
-    if candidates:
-        return max(candidates, key=lambda p: (len(p.stem), str(p)))
-    return None
+    """The source notebook of a submission (`source_lookup`), or None."""
+    return source_lookup(submission, index)[0]
+
+
+def answer_ids(nb) -> set[str]:
+    """The grade ids of a notebook's answer and graded cells: what makes it that assignment."""
+    return {str(grade_id(c)) for c in nb.cells if grade_id(c) and (_nbg(c).get("solution") or _nbg(c).get("grade"))}
+
+
+def source_mismatch(submission, source_ids: set[str], source_name: str, others: dict[str, set[str]]) -> str | None:
+    """Why `submission` is not a notebook of the assignment its folder names, or None.
+
+    Refused when fewer than half of the source's answer and graded cells (by nbgrader grade_id)
+    are in it while at least half of another source's are (ids the two share are not counted):
+    a 00_setup notebook handed in as 01_static_batching. A notebook that lost its metadata matches
+    nothing and is graded as usual (its tests are restored from the source)."""
+    present = {str(grade_id(c)) for c in submission.cells if grade_id(c)}
+    if not source_ids:
+        return None
+    mine = len(source_ids & present) / len(source_ids)
+    best, best_name, best_counts = 0.0, None, (0, 0)
+    for name, ids in sorted(others.items()):
+        theirs = set(ids) - source_ids
+        if name == source_name or not theirs:
+            continue
+        share = len(theirs & present) / len(theirs)
+        if share > best:
+            best, best_name, best_counts = share, name, (len(theirs & present), len(theirs))
+    if mine >= 0.5 or best < 0.5 or best <= mine:
+        return None
+    return (f"this notebook does not match {source_name}, the assignment its folder names: "
+            f"{len(source_ids & present)} of its {len(source_ids)} answer and graded cells (nbgrader grade_id) "
+            f"are in it, while {best_counts[0]} of {best_counts[1]} of {best_name}'s are: it is another "
+            f"assignment's notebook, refused and not graded; hand in the notebook of {source_name}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +444,11 @@ def _error_output(ename: str, evalue: str):
 
 
 class _Executor:
-    """Runs a notebook cell by cell in one kernel, surviving timeouts and kernel deaths."""
+    """Runs a notebook cell by cell in one kernel, surviving timeouts and kernel deaths.
+
+    A cell's outputs are what it printed while it ran: a later cell's display update
+    (`update_display`, or a display with the same display_id) does not rewrite them (it would
+    carry what the code saw in the cells between into an earlier cell's outputs)."""
 
     def __init__(self, nb, cwd: str, kernel_name: str, timeout: int, stage: Path | None = None,
                  deadline: float | None = None, on_cell=None, env_extra: dict | None = None,
@@ -413,7 +465,9 @@ class _Executor:
             timeout_func=self._timeout_of, resources={"metadata": {"path": cwd}},
             extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
         )
+        self.client._update_display_id = lambda display_id, msg: None  # (no output changes after its cell)
         self.status: dict[int, str] = {}  # cell index -> ok | error | timeout | crashed | not_run
+        self.runner_errors: dict[int, dict] = {}  # cell index -> the error output this runner added to it
         self.restarts = 0
         self.log: list[str] = []
 
@@ -428,6 +482,7 @@ class _Executor:
         client.km = client.create_kernel_manager()
         env = _kernel_env(self.stage)
         env.update(self.env_extra)
+        env.pop("AUTOGRADER_SEED_KEY", None)  # (the instructor's key: never the student's code's to read)
         await client.async_start_new_kernel(cwd=self.cwd, env=env)
         await client.async_start_new_kernel_client()
 
@@ -507,7 +562,8 @@ class _Executor:
         try:
             await self._start()
         except Exception as exc:  # noqa: BLE001
-            self.log.append(f"could not start kernel {self.kernel_name!r}: {exc}")
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            self.log.append(f"could not start kernel {self.kernel_name!r}: {why}")  # (before any of the notebook ran)
             for index, cell in enumerate(self.nb.cells):
                 if cell.get("cell_type") == "code":
                     self.status[index] = "not_run"
@@ -534,8 +590,9 @@ class _Executor:
                 self.status[index] = status
                 if status == "timeout":
                     limit = self._timeout_of(cell)
-                    cell.setdefault("outputs", []).append(
-                        _error_output("CellTimeoutError", f"timed out after {limit} s (the kernel was interrupted)"))
+                    self.runner_errors[index] = _error_output(
+                        "CellTimeoutError", f"timed out after {limit} s (the kernel was interrupted)")
+                    cell.setdefault("outputs", []).append(self.runner_errors[index])
                     self.log.append(f"cell {index} timed out after {limit} s")
                     try:
                         await self.client.km.interrupt_kernel()
@@ -546,15 +603,16 @@ class _Executor:
                         self.log.append("the kernel did not recover from the interrupt: restarting it")
                         alive = await self._recover(index)
                 elif status == "crashed":
-                    cell.setdefault("outputs", []).append(
-                        _error_output("DeadKernelError", "the kernel died while running this cell (e.g. os._exit, "
-                                                         "a segfault, or out of memory)"))
+                    self.runner_errors[index] = _error_output(
+                        "DeadKernelError", "the kernel died while running this cell (e.g. os._exit, "
+                                           "a segfault, or out of memory)")
+                    cell.setdefault("outputs", []).append(self.runner_errors[index])
                     self.log.append(f"the kernel died in cell {index}: restarting it")
                     alive = await self._recover(index)
                 if not alive:
                     self.log.append("giving up on the rest of this notebook")
                 if self.on_cell is not None:
-                    self.on_cell(self)
+                    self.on_cell(self, index)
         finally:
             await self._stop()
 
@@ -667,7 +725,6 @@ def score_cell(cell, status: str | None, token: str | None) -> tuple[float, str,
 _NEVER_COPY = ("autograder", "course_lib", "sitecustomize", "usercustomize", "torch", "numpy")
 MAX_NOTEBOOK_BYTES = 20 << 20  # a submission larger than this is refused, unread
 MAX_DATA_BYTES = 50_000_000  # the submission's folder's data files copied next to it
-MAX_READBACK_BYTES = 64 << 20  # the executed notebook the sandbox returns
 DEFAULT_BUDGET = 900  # seconds for one notebook, all its cells and kernel restarts together
 
 
@@ -685,35 +742,64 @@ class GradingRefused(Exception):
     """A submission the grader will not run (too large, unreadable): the message names the limit."""
 
 
+def _open_no_follow(path: Path):
+    """A read-only binary file object for `path`, refused if it is a symbolic link (O_NOFOLLOW: the
+    check and the open are one step) or not a regular file (a FIFO would block the grader)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        if os.path.islink(path):
+            raise GradingRefused(f"{path} is a symbolic link: refused (a submission's files are never followed "
+                                 "out of its folder)") from None
+        raise
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise GradingRefused(f"{path} is not a regular file: refused")
+    return f
+
+
 def read_submission(path: Path, limit: int = MAX_NOTEBOOK_BYTES):
-    """The submission as a notebook, refused before reading if it is larger than `limit` bytes."""
-    size = path.stat().st_size
-    if size > limit:
-        raise GradingRefused(f"the notebook is {size / 2**20:.1f} MB, over the {limit / 2**20:g} MB limit for a "
-                             "submission: clear its outputs (Kernel > Restart & Clear Output) and hand it in again")
-    with open(path, encoding="utf-8") as f:
-        return nbformat.read(f, as_version=4)
+    """The submission as a notebook, refused before reading if it is larger than `limit` bytes, a
+    symbolic link or not a regular file."""
+    with _open_no_follow(Path(path)) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise GradingRefused(f"the notebook is {size / 2**20:.1f} MB, over the {limit / 2**20:g} MB limit for a "
+                                 "submission: clear its outputs (Kernel > Restart & Clear Output) and hand it in again")
+        return nbformat.read(io.TextIOWrapper(f, encoding="utf-8"), as_version=4)
 
 
 def _copy_data_files(submission: Path, workdir: Path) -> None:
-    parent = submission.resolve().parent
-    files = [p for p in parent.iterdir() if p.is_file()]
-    if sum(p.stat().st_size for p in files) >= MAX_DATA_BYTES:
+    """Copy the regular files next to the submission (data its notebook reads) into the sandbox's
+    working folder. A symbolic link there refuses the submission: following it would copy whatever
+    it points at (the answer key) to where the student's code can print it."""
+    parent = Path(os.path.abspath(submission)).parent
+    with os.scandir(parent) as entries:
+        found = sorted(entries, key=lambda e: e.name)
+    for entry in found:
+        if entry.is_symlink():
+            raise GradingRefused(f"{parent.parent.name}/{parent.name}/{entry.name} is a symbolic link: refused "
+                                 "(a submission's files are never followed out of its folder)")
+    files = [e for e in found if e.is_file(follow_symlinks=False)]
+    if sum(e.stat(follow_symlinks=False).st_size for e in files) >= MAX_DATA_BYTES:
         return
-    for item in files:
+    for entry in files:
         # data files only: nothing that could shadow the course's packages on sys.path
-        if item.suffix not in (".ipynb", ".pth") and item.stem not in _NEVER_COPY:
-            shutil.copy2(item, workdir)
+        if Path(entry.name).suffix in (".ipynb", ".pth") or Path(entry.name).stem in _NEVER_COPY:
+            continue
+        with _open_no_follow(Path(entry.path)) as src, open(workdir / entry.name, "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
-# What the runner in the sandbox may report (autograder.grade._Executor's log). status.json is
-# writable by the student's code too: anything else in it would be a channel into the feedback.
+# What the runner in the sandbox may report (autograder.grade._Executor's log). Its report comes
+# over a channel the student's code cannot write, but it is checked line by line all the same.
 _RUNNER_LOG = re.compile(
     r"(cell \d+ timed out after \d+ s|the kernel did not recover from the interrupt: restarting it"
     r"|the kernel died in cell \d+: restarting it|giving up on the rest of this notebook"
     r"|replaying cell \d+ after a restart failed \((timeout|crashed)\)"
     r"|the notebook's time budget( of [0-9.]+ s)? was spent before cell \d+: the rest was not run \(--budget\)"
-    r"|could not start kernel '[\w.-]+'|could not restart the kernel)")
+    r"|could not start kernel '[\w.-]+'(: [^\n]{1,300})?|could not restart the kernel)")
 
 
 def runner_log(lines) -> list[str]:
@@ -730,9 +816,11 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
                    tokens_guard: str | None, limits=None):
     """Execute the prepared notebook `nb` in a fresh sandbox (or, with sandbox=False, a plain
     subprocess over a private copy of the packages). Returns (executed notebook or None, cell
-    statuses, log lines, record entries, record problems). Everything read back is untrusted data."""
+    statuses, log lines, the record's bytes (parsed only in the replay's process), record problems).
+    Everything read back is untrusted data."""
+    from . import runner_report
     from . import sandbox as sb
-    from .replay import read_records
+    from .replay import load_record
 
     job = Path(tempfile.mkdtemp(prefix="autograde-job-"))
     stage = None
@@ -745,45 +833,37 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
         tokens = {}
         if tokens_guard is not None:
             tokens = inject_guard(nb, tokens_guard, record_path=f"{inside['out']}/record.jsonl")
+        # What comes back is the runner's report alone (autograder.runner_report): no cell output
+        # from the first hidden test on, over a pipe only the runner holds, marked with a nonce
+        # that reaches it on stdin before any student code runs.
+        probe = runner_report.add_integrity_probe(nb, tokens_guard)
+        nonce = secrets.token_hex(16)
         (job / "in" / "job.json").write_text(json.dumps({
-            "out": inside["out"], "cwd": inside["work"], "kernel": kernel_name, "timeout": timeout,
-            "budget_s": budget_s}))
+            "cwd": inside["work"], "kernel": kernel_name, "timeout": timeout, "budget_s": budget_s,
+            "outputs_before": runner_report.first_hidden_cell(nb), "sandbox": bool(sandbox)}))
         command = [sys.executable, "-m", "autograder.sandbox_exec", f"{inside['in']}/job.json"]
         env = None
         if not sandbox:
             stage = Stage()
             env = _kernel_env(stage.dir)
-        rc, _ = sb.run_job(job, command, budget_s=budget_s + 120, sandbox=sandbox, env=env,
-                           stdin_data=nbformat.writes(nb).encode("utf-8"), **({"limits": limits} if limits else {}))
+            env.pop("AUTOGRADER_SEED_KEY", None)
+        ran = sb.run_job(job, command, budget_s=budget_s + 120, sandbox=sandbox, env=env,
+                         stdin_data=nonce.encode() + b"\n" + nbformat.writes(nb).encode("utf-8"),
+                         **({"limits": limits} if limits else {}))
         log = []
-        if rc is None:
+        if ran.rc is None:
             log.append(f"the notebook's time budget of {budget_s:g} s was spent: the sandbox was ended (--budget)")
-        elif rc != 0:  # (its output is the student's to write: not shown)
-            log.append(f"the notebook runner exited with status {rc}")
-        executed, status = None, {}
+        elif ran.rc != 0:  # (its output is the student's to write: not shown)
+            log.append(f"the notebook runner exited with status {ran.rc}")
+        if ran.report_cut:
+            log.append(f"the runner's report is over {sb.MAX_REPORT_BYTES >> 20} MB: the rest of it is dropped")
+        report = runner_report.Report(ran.report, nonce, len(nb.cells))
+        status = runner_report.merge(nb, report, tokens, probe)
+        log += runner_log(report.log) + report.problems
         out = job / "out"
-        try:
-            if (out / "executed.ipynb").is_file() and (out / "executed.ipynb").stat().st_size <= MAX_READBACK_BYTES:
-                executed = nbformat.reads((out / "executed.ipynb").read_text(encoding="utf-8"), as_version=4)
-            elif (out / "executed.ipynb").is_file():
-                log.append(f"the executed notebook is over {MAX_READBACK_BYTES >> 20} MB: its outputs are dropped")
-            if (out / "status.json").is_file() and (out / "status.json").stat().st_size <= 4 << 20:
-                raw = json.loads((out / "status.json").read_text(encoding="utf-8"))
-                status = {int(k): str(v) for k, v in (raw.get("status") or {}).items() if str(k).isdigit()}
-                log += runner_log(raw.get("log"))
-        except (ValueError, OSError, TypeError, AttributeError) as exc:
-            log.append(f"what the sandbox returned could not be read ({type(exc).__name__}); outputs dropped")
-            executed, status = None, {}
-        if executed is not None and len(executed.cells) != len(nb.cells):
-            log.append("the executed notebook does not match the one sent (cells added or removed): outputs dropped")
-            executed = None
-        if executed is not None:
-            for mine, theirs in zip(nb.cells, executed.cells):  # only outputs come back, never the code
-                if mine.get("cell_type") == "code":
-                    mine["outputs"] = theirs.get("outputs", []) if isinstance(theirs.get("outputs"), list) else []
-        entries, problems = read_records(out / "record.jsonl")
+        record, problems = load_record(out / "record.jsonl")
         changed = stage.restore() if stage is not None else []
-        return nb, status, log, entries, problems, tokens, changed
+        return nb, status, log, record, problems, tokens, changed
     finally:
         if stage is not None:
             stage.cleanup()
@@ -792,8 +872,8 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
 
 def _empty_entry(path, source_path) -> dict:
     return {"path": str(path), "source": str(source_path) if source_path else None, "score": 0.0,
-            "max_score": 0.0, "cells": [], "manual_cells": [], "integrity": [], "flags": [], "notes": [],
-            "errors": [], "replay": []}
+            "max_score": 0.0, "cells": [], "manual_cells": [], "integrity": [], "flags": [], "copies": [],
+            "notes": [], "errors": [], "replay": []}
 
 
 def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="python3", guard=True,
@@ -803,7 +883,8 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     `sandbox`: True (bwrap, required), False (unsafe: a plain subprocess), None: bwrap if available."""
     from . import fingerprint
     from . import sandbox as sb
-    from .verdict import Redactor, cell_plan, cell_verdict, replay_plan
+    from .hidden_seeds import hide_in, keyed_source
+    from .verdict import Redactor, cell_plan, cell_verdict, replay_budget, replay_plan
 
     del stage  # (kept for callers: the private package copy is made per run when unsafe)
     started = time.monotonic()
@@ -811,7 +892,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     if source_path is None:
         entry["errors"].append("no source notebook found for this submission (see --source-dir)")
         return entry, None
-    source = _read(Path(source_path))
+    source = keyed_source(_read(Path(source_path)))  # (hidden seeds derived from --seed-key, if given)
     tests = [c for c in source.cells if is_test_cell(c)]
     entry["max_score"] = sum(points(c) for c in tests)
     try:
@@ -832,14 +913,18 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     # The student's code is scanned (evidence); code cells exactly as the instructor wrote them are not.
     instructor = {_visible(c.get("source", "")) for c in source.cells
                   if c.get("cell_type") == "code" and not _nbg(c).get("solution")}
+    # What the released notebook gives (scaffolding: never the student's copy, nor a review flag).
+    given = fingerprint.given_by(source)
+    given_review = {f.split(": ", 1)[-1] for text in given.cells for f in review_flags(text)}
     student_cells = []
     for index, cell in enumerate(nb.cells):
         if (cell.get("cell_type") == "code" and cell["metadata"].get("autograder", {}).get("origin") == "submission"
                 and _visible(cell.get("source", "")) not in instructor):
             entry["integrity"] += [f"cell {index}, {f}" for f in scan_source(cell.get("source", ""))]
-            entry["flags"] += [f"cell {index}, {f}" for f in review_flags(cell.get("source", ""))]
+            entry["flags"] += [f"cell {index}, {f}" for f in review_flags(cell.get("source", ""))
+                               if f.split(": ", 1)[-1] not in given_review]
             student_cells.append((index, cell.get("source", "")))
-    entry["flags"] += fingerprint.source_matches(student_cells)
+    copies = fingerprint.source_copies(student_cells, given)
     plans = {grade_id(c): cell_plan(c.get("source", ""), hidden_line_ranges(c.get("source", ""))) for c in nb.cells
              if is_test_cell(c)}
     guard_name = f"__autograder_{secrets.token_hex(6)}__" if guard else None
@@ -853,15 +938,19 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
         why = next((f"{o.get('ename')}: {o.get('evalue')}" for o in setup.get("outputs", [])
                     if o.get("output_type") == "error"), status.get(0))
         entry["errors"].append(f"the grader's setup cell failed ({why}): the graded cells could not be checked")
-    results = replay_plan(plans, records)
+    verdict = replay_plan(plans, records, budget_s=replay_budget(budget_s, time.monotonic() - started))
+    results, records = verdict.results, verdict.entries  # records: each line's evidence, from the replay's process
+    entry["errors"] += verdict.problems
+    entry["flags"] += verdict.flags
     entry["replay"] = [{"exercise": ex, "seed": seed, "passed": ok,
                         "message": redact(msg) if not any(p.hidden for ps in plans.values() for p in ps
                                                           if (p.exercise, p.seed) == (ex, seed)) else
                         ("" if ok else "hidden test: message withheld")}
                        for (ex, seed), (ok, msg) in sorted(results.items())]
+    copies += fingerprint.code_copies(records, student_cells, given)
+    entry["flags"] += [c.flag for c in copies]
+    entry["copies"] = [c.evidence() for c in copies]  # each with both pieces of code, side by side
     for rec in records:
-        entry["flags"] += [f"check_{rec['exercise']}(seed={rec['seed']}): {m}"
-                           for m in fingerprint.code_matches(rec.get("code"))]
         calls = rec.get("thread_reference_calls")
         if isinstance(calls, list) and calls:
             entry["flags"].append(f"check_{rec['exercise']}(seed={rec['seed']}): course_lib's counterpart was called "
@@ -893,6 +982,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
             c["check_feedback"] = c["feedback"]
             c.update(score=0.0, passed=False, status="integrity", feedback=reason, message=reason)
     entry["flags"] = [redact(f) for f in dict.fromkeys(entry["flags"])]
+    entry["copies"] = [{k: redact(v) for k, v in c.items()} for c in entry.get("copies", [])]
     entry["errors"] = [redact(e) for e in entry["errors"]]
     _strip_guard(nb, tokens)
     nb.cells = [c for c in nb.cells if not c.get("metadata", {}).get("autograder", {}).get("setup")]
@@ -900,6 +990,8 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     entry["max_score"] = sum(c["max_score"] for c in entry["cells"]) or entry["max_score"]
     entry["duration_s"] = round(time.monotonic() - started, 1)
     nb.metadata["autograder"] = {"hidden_lines": hidden}
+    shown = {p.seed for ps in plans.values() for p in ps if not p.hidden}
+    entry = hide_in(entry, {p.seed for ps in plans.values() for p in ps if p.hidden} - shown)  # (no hidden seed shown)
     return entry, nb
 
 
@@ -958,79 +1050,9 @@ def _cell_entry(cell, score, status, feedback):
 # HTML feedback
 # ---------------------------------------------------------------------------------------------
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;color:#222}
-pre{background:#f6f8fa;padding:.6em;overflow-x:auto;white-space:pre-wrap}
-.cell{border-left:4px solid #ddd;margin:1em 0;padding-left:.8em}
-.pass{border-color:#2da44e}.fail{border-color:#cf222e}.md{color:#444}
-.score{font-weight:bold}.out{background:#fff;border:1px solid #eee}.err{background:#ffebe9}
-table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}"""
-
-
-def _ansi_free(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-def render_html(entry: dict, nb) -> str:
-    """A self-contained feedback page: the score table, then every cell with its outputs. Test cells
-    show their visible part only and no outputs (their feedback instead); any line of a hidden test
-    that turns up in an output (a student's cell printing the notebook it runs in) is blanked."""
-    from .verdict import Redactor
-
-    hidden = (nb.metadata.get("autograder", {}) if nb is not None else {}).get("hidden_lines", [])
-    redact = Redactor(hidden if isinstance(hidden, list) else [])
-    esc = lambda text: html.escape(redact(text))  # noqa: E731
-    name = html.escape(Path(entry["path"]).name)
-    parts = [f"<!doctype html><meta charset=utf-8><title>Feedback: {name}</title><style>{_CSS}</style>",
-             f"<h1>{name}</h1><p class=score>Score: {entry['score']:g} / {entry['max_score']:g}</p>"]
-    if entry.get("integrity"):
-        parts.append("<p class=err><b>Integrity:</b> " + esc("; ".join(entry["integrity"])) + "</p>")
-    if entry.get("flags"):
-        parts.append("<p class=err><b>Flagged for review:</b> " + esc("; ".join(entry["flags"])) + "</p>")
-    parts.append("<table><tr><th>test cell</th><th>points</th><th>result</th><th>feedback</th></tr>")
-    for c in entry["cells"]:
-        parts.append(f"<tr><td>{html.escape(str(c['grade_id']))}</td><td>{c['score']:g} / {c['max_score']:g}</td>"
-                     f"<td>{html.escape(c['status'])}</td><td>{esc(c['feedback'][:300])}</td></tr>")
-    parts.append("</table>")
-    results = {c["grade_id"]: c for c in entry["cells"]}
-    # From the first test cell with hidden tests on, the student's code has seen the hidden inputs
-    # (and IPython's input history holds the hidden code): what it printed is not shown.
-    after_hidden = False
-    for cell in (nb.cells if nb is not None else []):
-        if cell.get("cell_type") == "markdown":
-            parts.append(f"<div class='cell md'><pre>{esc(cell.source)}</pre></div>")
-            continue
-        if cell.get("cell_type") != "code":
-            continue
-        result = results.get(grade_id(cell)) if is_test_cell(cell) else None
-        klass = "" if result is None else ("pass" if result["passed"] else "fail")
-        parts.append(f"<div class='cell {klass}'>")
-        if result is not None:
-            parts.append(f"<p class=score>{html.escape(str(result['grade_id']))}: {result['score']:g} / "
-                         f"{result['max_score']:g}</p>")
-        parts.append(f"<pre>{esc(without_hidden(cell.source) if is_test_cell(cell) else cell.source)}</pre>")
-        if after_hidden and not is_test_cell(cell) and cell.get("outputs"):
-            parts.append("<p class=md>(outputs of cells run after a hidden test are not shown here: they could "
-                         "carry the hidden test's inputs)</p>")
-        for out in ([] if is_test_cell(cell) or after_hidden else cell.get("outputs", [])):
-            kind = out.get("output_type")
-            if kind == "stream":
-                parts.append(f"<pre class=out>{esc(out.get('text', ''))}</pre>")
-            elif kind == "error":
-                tb = "\n".join(out.get("traceback", [])) or f"{out.get('ename')}: {out.get('evalue')}"
-                parts.append(f"<pre class='out err'>{esc(_ansi_free(tb))}</pre>")
-            elif kind in ("execute_result", "display_data"):
-                data = out.get("data", {})
-                if "image/png" in data:
-                    png = data["image/png"] if isinstance(data["image/png"], str) else "".join(data["image/png"])
-                    parts.append(f"<img src='data:image/png;base64,{png.strip()}'>")
-                elif "text/plain" in data:
-                    text = data["text/plain"] if isinstance(data["text/plain"], str) else "".join(data["text/plain"])
-                    parts.append(f"<pre class=out>{esc(text)}</pre>")
-        if result is not None and result["feedback"]:
-            parts.append(f"<p class=err>{esc(result['feedback'])}</p>")
-        parts.append("</div>")
-        after_hidden = after_hidden or (is_test_cell(cell) and bool(hidden_line_ranges(cell.source)))
-    return "\n".join(parts)
+# The page lives in autograder/feedback_html.py (every student text escaped, a strict CSP); the
+# names stay importable from here.
+from .feedback_html import _ansi_free, render_html  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1058,11 +1080,13 @@ def grade(paths, *, source_dir="solutions", timeout=DEFAULT_TIMEOUT, html_dir=No
 
 def main(args) -> int:
     from . import sandbox as sb
+    from .batch import find_notebooks, terminal_safe
 
     paths = []
     for p in args.notebooks:
         p = Path(p)
-        paths += sorted(x for x in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in x.parts) if p.is_dir() else [p]
+        # symbolic links below a folder are listed, not followed: the batch refuses them by name
+        paths += find_notebooks(p) if p.is_dir() else [p]
     if not paths:
         print("no notebooks to grade")
         return 2
@@ -1080,6 +1104,6 @@ def main(args) -> int:
         for nb in result["notebooks"]:
             flag = (" INTEGRITY" if nb["integrity"] else "") + (f" FLAGGED({len(nb['flags'])})" if nb.get("flags") else "")
             errors = f" ({len(nb['errors'])} problem(s): {nb['errors'][0]})" if nb["errors"] else ""
-            print(f"{nb['score']:6g} / {nb['max_score']:<6g} {nb['path']}{flag}{errors}")
+            print(f"{nb['score']:6g} / {nb['max_score']:<6g} {terminal_safe(nb['path'] + flag + errors)}")
     print(f"{result['score']:6g} / {result['max_score']:<6g} total -> {args.json}")
     return 0

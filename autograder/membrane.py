@@ -38,15 +38,18 @@ from __future__ import annotations
 
 import base64
 import builtins
+import collections
 import dataclasses
+import decimal
 import enum
+import fractions
 import hashlib
-import importlib
 import json
 import math
 import operator
+import random
+import sys
 import threading
-import types
 
 import numpy as np
 import torch
@@ -111,20 +114,22 @@ def _apply(target, op: str, name, args, kwargs):
 
 # What student code may do to the grader's objects. A call back into the grader is re-done in
 # the grader's own process at replay, with arguments read from the record (which the student can
-# write): so no dunder attribute (`__class__.__base__.__subclasses__()`, `__globals__` lead to
-# `os.system` in the grader), and no module, frame, code object or traceback ever becomes a handle
-# (their attributes lead there too). Single-underscore names stay allowed: course_lib's own code
-# runs on the student's side too (an engine the student builds reads a model's `_parameters`).
-_NEVER_HANDED_OVER = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
+# write): so only what `autograder.callbacks` allows (no dunder attribute: `__class__.__base__.
+# __subclasses__()` leads to `os.system`; no call but the engine's own code that does no I/O and
+# builtin containers' methods; no handle on a module, class, path or library method). Single-
+# underscore names stay allowed: course_lib's own code runs on the student's side too (an engine
+# the student builds reads a model's `_parameters`).
 
 
-def callback_refusal(op: str, name, result=None) -> str | None:
-    """Why the grader refuses this use of its object (None if it is allowed)."""
-    if op in ("getattr", "setattr", "delattr") and (not isinstance(name, str) or name.startswith("__")):
-        return f"the grader's objects do not share their special attributes ({name!r})"
-    if isinstance(result, _NEVER_HANDED_OVER):
-        return f"the grader does not hand over a {type(result).__name__} object"
-    return None
+def callback_refusal(op: str, name, target=None) -> str | None:
+    """Why the grader refuses this use of its object `target` (None if it is allowed)."""
+    from .callbacks import op_refusal
+
+    return op_refusal(op, name, target)
+
+
+class Refused(TypeError):
+    """What a callback returned may not cross to the student's code (autograder.callbacks.hold_refusal)."""
 
 
 _MUTABLE = (list, dict, set)
@@ -190,6 +195,7 @@ class Proxy:
     def __eq__(self, other):
         if isinstance(other, Proxy) and object.__getattribute__(self, _M).identity_eq(self):
             return self is other
+        _compared(self)
         return _op(self, "eq", None, (other,))
 
     def __ne__(self, other):
@@ -248,8 +254,20 @@ class Proxy:
         return _op(self, "exit", None, exc)
 
 
+def _compared(proxy):
+    """The check compares a student object (not data) with a value: the student's own __eq__ or
+    __lt__ would answer, and an object equal to everything would pass. Refused, in both runs."""
+    if object.__getattribute__(proxy, _SIDE) == "S":
+        object.__getattribute__(proxy, _M).refuse_comparison(object.__getattribute__(proxy, _H))
+
+
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
 def _binary(name):
     def forward(self, other):
+        if name in _COMPARISONS:
+            _compared(self)
         return _op(self, name, None, (other,))
 
     def reflected(self, other):
@@ -334,43 +352,54 @@ def _course_class(obj_type) -> str | None:
 
 
 def _load_course_class(spec):
-    if not isinstance(spec, str) or ":" not in spec:
-        raise Divergence(f"bad class name in the record: {spec!r}")
+    """A course_lib class the grader has already imported, by "module:Name" (the record names it:
+    nothing is ever imported for it, only looked up)."""
+    if not isinstance(spec, str) or ":" not in spec or len(spec) > 200:
+        raise Divergence(f"bad class name in the record: {str(spec)[:80]!r}")
     mod, qual = spec.split(":", 1)
     if not (mod == "course_lib" or mod.startswith("course_lib.")) or "." in qual:
         raise Divergence(f"the record names a class outside course_lib: {spec!r}")
-    try:
-        return getattr(importlib.import_module(mod), qual)
-    except (ImportError, AttributeError) as exc:
-        raise Divergence(f"the record names an unknown class {spec!r}") from exc
+    klass = getattr(sys.modules.get(mod), qual, None)
+    if not (isinstance(klass, type) and klass.__module__ == mod and klass.__qualname__ == qual):
+        raise Divergence(f"the record names an unknown class {spec!r}")
+    return klass
 
 
 _TAGS = {"S", "G", "i", "f", "T", "L", "D", "Set", "FSet", "B", "tensor", "nd", "np", "dtype", "device", "slice",
          "range", "E", "DC"}
-# Classes a student object may show as its class to isinstance() in the grader (harmless: every use
-# of the object still goes through the record).
-_SHOWN_CLASS_MODULES = ("random", "collections", "fractions", "decimal")
+# Classes of the standard library a student object may show as its class to isinstance() in the
+# grader (harmless: every use of the object still goes through the record), by exact name.
+_SHOWN_CLASSES = {f"{k.__module__}:{k.__qualname__}": k for k in (
+    random.Random, collections.OrderedDict, collections.defaultdict, collections.Counter, collections.deque,
+    fractions.Fraction, decimal.Decimal)}
 
 
 def _shown_class(obj) -> str | None:
     klass = type(obj)
-    mod = getattr(klass, "__module__", "")
-    if mod in _SHOWN_CLASS_MODULES or _course_class(klass):
-        return f"{mod}:{klass.__qualname__}"
+    spec = f"{getattr(klass, '__module__', '')}:{getattr(klass, '__qualname__', '')}"
+    if spec in _SHOWN_CLASSES or _course_class(klass):
+        return spec
     return None
 
 
 def _load_shown_class(spec):
-    if not isinstance(spec, str) or ":" not in spec:
+    if not isinstance(spec, str):
         return None
-    mod, qual = spec.split(":", 1)
-    if mod in _SHOWN_CLASS_MODULES and "." not in qual:
-        klass = getattr(importlib.import_module(mod), qual, None)
-        return klass if isinstance(klass, type) else None
+    if spec in _SHOWN_CLASSES:
+        return _SHOWN_CLASSES[spec]
     try:
         return _load_course_class(spec)
     except Divergence:
         return None
+
+
+def _class_name(klass) -> str:
+    """The student's class's name, as the messages show it (read without running its code)."""
+    try:
+        name = type.__dict__["__qualname__"].__get__(klass)
+    except Exception:  # noqa: BLE001
+        name = "?"
+    return str(name)[:100]
 
 
 def digest(enc) -> str:
@@ -384,10 +413,12 @@ def _float(x: float):
 
 
 class Membrane:
-    def __init__(self, mode: str, events: list | None = None):
+    def __init__(self, mode: str, events: list | None = None, exercise: str | None = None):
         if mode not in ("record", "replay"):
             raise ValueError(f"mode must be record or replay, got {mode!r}")
         self.mode = mode
+        self.exercise = exercise  # the check's adapter name, for the messages
+        self.vetting = False  # encoding a callback's result: what may not cross is refused
         self.events: list = [] if events is None else events
         self.pos = 0
         self.poisoned: str | None = None
@@ -417,7 +448,7 @@ class Membrane:
         h = len(self.s_objs)
         self.s_objs.append(obj)
         self.s_ids[key] = h
-        self.s_info[h] = {"c": callable(obj), "t": isinstance(obj, type)}
+        self.s_info[h] = {"c": callable(obj), "t": isinstance(obj, type), "n": _class_name(type(obj))}
         shown = _shown_class(obj)
         if shown:
             self.s_info[h]["k"] = shown
@@ -454,6 +485,13 @@ class Membrane:
             if klass is not None:
                 return klass
         return CallableProxy if self.s_info.get(h, {}).get("c") else Proxy
+
+    def refuse_comparison(self, h):
+        from ._checking import fail
+
+        check = f"check_{self.exercise}" if self.exercise else "the check"
+        fail(f"{check} compares what your code returned: return plain values (int, float, str, list, tuple, "
+             f"dict, tensor), not an object of class {self.s_info.get(h, {}).get('n') or '?'}")
 
     def identity_eq(self, proxy) -> bool:
         side, h = object.__getattribute__(proxy, _SIDE), object.__getattribute__(proxy, _H)
@@ -521,6 +559,12 @@ class Membrane:
                     "fields": {f.name: self._enc(getattr(v, f.name), owner, full, depth + 1)
                           for f in dataclasses.fields(v) if hasattr(v, f.name)}}
         if owner == "G":
+            if self.vetting and id(v) not in self.g_ids:
+                from .callbacks import hold_refusal
+
+                refused = hold_refusal(v)
+                if refused:
+                    raise Refused(refused)
             return {"G": self._register_g(v)}
         h = self._register_s(v)
         return {"S": h, **self.s_info[h]}
@@ -541,7 +585,7 @@ class Membrane:
         if not isinstance(e, dict) or len(e) == 0:
             raise Divergence(f"a malformed value in the record: {str(e)[:80]}")
         d = lambda x: self._dec(x, world, depth + 1)  # noqa: E731
-        if len(e) > 4 or not (set(e) & _TAGS):
+        if len(e) > 5 or not (set(e) & _TAGS):
             raise Divergence(f"a malformed value in the record: {str(e)[:80]}")
         if "DC" in e or "E" in e:
             return self._dec_course(e, d)
@@ -553,6 +597,8 @@ class Membrane:
                 return self.s_objs[h]
             if h not in self.s_info:
                 self.s_info[h] = {"c": bool(e.get("c", False)), "t": bool(e.get("t", False))}
+                if isinstance(e.get("n"), str):
+                    self.s_info[h]["n"] = e["n"][:100]
                 if isinstance(e.get("k"), str):
                     self.s_info[h]["k"] = e["k"][:200]
             return self._s_proxy(h)
@@ -799,13 +845,14 @@ class Membrane:
             self._poison(f"event {self.pos - 1}: malformed attribute name")
         if op == "rop" and name not in _BINARY:
             self._poison(f"event {self.pos - 1}: unknown operator {name!r}")
-        refused = callback_refusal(op, name)
-        if refused:
+        target = self.g_objs[h]
+        refused = callback_refusal(op, name, target)
+        if refused:  # the recorder never writes such an event: the record was forged
             self._poison(f"event {self.pos - 1}: {refused}")
         self.depth += 1
-        target = self.g_objs[h]
         try:
             result = _apply(target, op, name, args, kwargs)
+            mine = self._enc_result(*crossing(op, target, args, result))  # Refused: as the student saw it
         except (Divergence, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - the grader's object refused: the record must say so too
@@ -817,13 +864,9 @@ class Membrane:
             return
         finally:
             self.depth -= 1
-        refused = callback_refusal(op, name, result)
-        if refused:
-            self._poison(f"event {self.pos - 1}: {refused}")
         end = self._next(("Or", "Ox"), "result")
         if end["k"] != "Or":
             self._poison(f"event {self.pos - 1}: the record says the grader's {op} {name or ''} raised, it did not")
-        mine = self._enc_result(*crossing(op, target, args, result))
         if not _same_shape(mine, end.get("v")):
             self._poison(f"event {self.pos - 1}: the grader's {op} {name or ''} returned something else than "
                          "the record says")
@@ -833,25 +876,23 @@ class Membrane:
         if threading.get_ident() != self.thread or self.depth == 0:
             raise RuntimeError("the grader's objects may only be used while the grader is calling your code, "
                                "from the thread it called you on")
-        refused = callback_refusal(op, name)
+        target = self.g_objs[h]
+        refused = callback_refusal(op, name, target)
         if refused:  # before the event: the record never holds what the replay would refuse
-            raise AttributeError(refused)
+            raise (AttributeError if op in ("getattr", "setattr", "delattr") else TypeError)(refused)
         enc_args = self.encode([list(args), kwargs], "S", full_tensors=True)
         self._emit({"k": "O", "h": h, "op": op, "n": name, "a": enc_args})
         g_args, g_kwargs = self.decode(enc_args, "G")
-        target = self.g_objs[h]
         try:
             result = _apply(target, op, name, g_args, g_kwargs)
-            refused = callback_refusal(op, name, result)
-            if refused:
-                raise TypeError(refused)
+            how, result = crossing(op, target, g_args, result)
+            encoded = self._enc_result(how, result)  # Refused when it holds what may not cross
         except (KeyboardInterrupt, Divergence, RecordLimit):
             raise
         except Exception as exc:  # noqa: BLE001 - the student sees the grader's exception
             self._emit({"k": "Ox", "e": exception_info(exc)})
             raise
-        how, result = crossing(op, target, g_args, result)
-        self._emit({"k": "Or", "v": self._enc_result(how, result)})
+        self._emit({"k": "Or", "v": encoded})
         _write_back(list(args) + list(kwargs.values()), list(g_args) + list(g_kwargs.values()))
         if how == "live":
             return self._g_proxy(self._register_g(result))
@@ -859,9 +900,14 @@ class Membrane:
         return iter(mine) if how == "snapshot" else mine
 
     def _enc_result(self, how, result):
+        """A callback's result as the record holds it; Refused if it holds what may not cross."""
         if how == "live":
             return {"G": self._register_g(result)}
-        return self.encode(result, "G", full_tensors=False)
+        self.vetting = True
+        try:
+            return self.encode(result, "G", full_tensors=False)
+        finally:
+            self.vetting = False
 
     # -- hooks the checks read (profiler hits, line counts, the reference refusal) ------------------
     def hook(self, kind: str, value):

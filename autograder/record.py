@@ -143,7 +143,7 @@ def through_membrane(wrapper, name, impl, seed, refuse, run) -> bool:
         return False
     from .fingerprint import code_fingerprints
 
-    m = Membrane("record")
+    m = Membrane("record", exercise=name)
     proxy = m.root(impl)
     entry = {"exercise": name, "seed": seed, "impl": dict(m.s_info[0])}
     try:

@@ -3,11 +3,12 @@
 What the notebook's kernel (and everything it starts) gets:
 
 - a new mount namespace whose root is empty but for: the system (`/usr`, `/etc`, read-only), the
-  Python installation (read-only), the course's code (`course_lib/`, `autograder/` at `/course`,
+  grader's Python (read-only, at the same paths, wherever it lives, even under `/tmp`: see
+  `autograder.sandbox_python`), the course's code (`course_lib/`, `autograder/` at `/course`,
   read-only, with `autograder/reference/` (the answer key), `controls/` and `mutants/` hidden under
   empty folders), the job
   (`/job`: the notebook to run, read-only), a writable `/work` (the cwd, the submission's data
-  files) and `/out` (what comes back), a private `/tmp` (tmpfs, size-capped);
+  files) and `/out` (the record the kernel writes), a private `/tmp` (tmpfs, size-capped);
 - no view of the grader's files, the sources (`solutions/`), the source cache or any other
   submission: they are simply not mounted;
 - new pid, network (loopback only), ipc and uts namespaces; `--die-with-parent`: when the grader
@@ -16,7 +17,9 @@ What the notebook's kernel (and everything it starts) gets:
 - an unprivileged user: a uid of its own (60000-60999, one per running sandbox, so that the
   per-user process limit is per sandbox), no capabilities, no new privileges;
 - limits (`prlimit`): address space, processes, file size, CPU seconds; the outputs it returns
-  are capped by the grader when it reads them.
+  are capped by the grader when it reads them;
+- one way back that the student's code cannot write: the runner's own stdout, a pipe that only
+  the runner holds (`autograder.sandbox_exec`); `run_job` collects it, size-capped.
 
 As root, bwrap builds the namespaces and `setpriv` then drops to the sandbox's uid (root is
 needed to mount what an unprivileged user may not traverse, like a Python under `/root`); as a
@@ -30,13 +33,14 @@ import functools
 import os
 import shutil
 import signal
-import site
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import sandbox_python
 
 ROOT = Path(__file__).resolve().parent.parent
 BWRAP_ENV = "AUTOGRADER_BWRAP"  # the bubblewrap binary, if not `bwrap` on PATH
@@ -72,21 +76,6 @@ def _system_dirs() -> list[tuple[str, str]]:
     return out
 
 
-def _python_dirs() -> list[str]:
-    """The interpreter and every site-packages folder the grader's own Python uses."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
-    for p in list(site.getsitepackages()) + [site.getusersitepackages()]:
-        if os.path.isdir(p):
-            dirs.add(os.path.realpath(p))
-    out = []
-    for d in sorted(dirs):
-        if d.startswith(("/usr/", "/etc/")) or d in ("/usr", "/etc"):
-            continue
-        if not any(d.startswith(o + os.sep) for o in out):
-            out.append(d)
-    return out
-
-
 def _ancestors(path: str) -> list[str]:
     parts = Path(path).parts[1:-1]
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
@@ -96,30 +85,34 @@ def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
     """The bwrap command line (everything before the command) for one job folder, which holds
     `in/` (mounted read-only at /job), `work/` (/work) and `out/` (/out)."""
     args = [bwrap()]
-    made = set()
     for kind, d in _system_dirs():
         if kind == "symlink":
             args += ["--symlink", os.readlink(d), d]
         else:
             args += ["--ro-bind", d, d]
-    for d in _python_dirs():
-        for a in _ancestors(d + "/x"):
-            if a not in made and not a.startswith(("/usr", "/etc")):
-                args += ["--perms", "0755", "--dir", a]
-                made.add(a)
-        args += ["--ro-bind", d, d]
+    # The private /tmp first: a bind under /tmp made before it would be hidden by it.
+    args += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
     args += ["--perms", "0755", "--dir", "/course",
              "--ro-bind", str(ROOT / "course_lib"), "/course/course_lib",
              "--ro-bind", str(ROOT / "autograder"), "/course/autograder"]
     for private in INSTRUCTOR_ONLY:  # the answer key and the other right answers: not for students' eyes
         if (ROOT / "autograder" / private).is_dir():
             args += ["--tmpfs", f"/course/autograder/{private}"]
-    args += ["--dev", "/dev", "--proc", "/proc",
-             "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
-             "--ro-bind", str(job / "in"), "/job",
+    args += ["--ro-bind", str(job / "in"), "/job",
              "--bind", str(job / "work"), "/work",
-             "--bind", str(job / "out"), "/out",
-             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             "--bind", str(job / "out"), "/out"]
+    # Then the grader's Python, last: at its own paths, wherever it lives (a venv in /tmp/venv, or
+    # under /work), over the sandbox's folders if need be. Its parent folders are made here, open to
+    # the sandbox's user (bwrap would copy the host's modes: pytest's 0700 temporary folders).
+    made, bound = {"/tmp", "/course", "/job", "/work", "/out", "/dev", "/proc"}, []
+    for b in sandbox_python.binds():
+        for a in _ancestors(b.dest + "/x"):
+            if a not in made and not any(sandbox_python.is_under(a, s) for s in sandbox_python.SYSTEM + tuple(bound)):
+                args += ["--perms", "0755", "--dir", a]
+                made.add(a)
+        args += ["--ro-bind", b.source, b.dest]
+        bound.append(b.dest)
+    args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session", "--chdir", "/work", "--clearenv"]
     if uid is not None and os.geteuid() == 0:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -166,6 +159,9 @@ def available() -> str | None:
         return ("bwrap cannot create namespaces here (" + (why[-1] if why else f"exit {run.returncode}") + "); "
                 "on Debian/Ubuntu enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) "
                 "or run the grader as root")
+    python = sandbox_python.problems()
+    if python:
+        return "the sandbox cannot run this Python: " + "; ".join(python)
     return None
 
 
@@ -208,11 +204,22 @@ def prepare_job(job: Path, uid: int | None) -> None:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
 
+MAX_REPORT_BYTES = 64 << 20  # what the runner may send back over its stdout
+
+
+@dataclass
+class JobResult:
+    rc: int | None  # the exit status, None if it was killed at its budget
+    log_tail: str  # the end of its stderr (everything in the sandbox may write there: never shown)
+    report: bytes  # what the command wrote on its stdout (in the sandbox: only the runner can)
+    report_cut: bool  # the report was over MAX_REPORT_BYTES: the rest was dropped
+
+
 def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = Limits(), sandbox: bool = True,
-            env: dict | None = None, stdin_data: bytes = b"") -> tuple[int | None, str]:
+            env: dict | None = None, stdin_data: bytes = b"") -> JobResult:
     """Run `command` for a job folder, in a sandbox (or, unsafe, as a plain subprocess), `stdin_data`
-    on its stdin; kill it and everything it started after `budget_s` seconds. Returns (exit status
-    or None if killed, log tail)."""
+    on its stdin; kill it and everything it started after `budget_s` seconds. Its stdout comes back
+    (size-capped), its stderr goes to the job's log."""
     lease = UidLease() if sandbox and os.geteuid() == 0 else None
     uid = lease.uid if lease else None
     log_path = job / "sandbox.log"
@@ -226,20 +233,53 @@ def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = 
         else:
             argv = command
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                     start_new_session=True, env=env)
             feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)
             feeder.start()  # (a thread: a runner that never reads must not block the grader)
+            report = _Collector(proc.stdout, MAX_REPORT_BYTES)
             try:
                 rc = proc.wait(timeout=budget_s)
             except subprocess.TimeoutExpired:
                 rc = None
             finally:
                 _kill_group(proc)
-        return rc, _tail(log_path)
+            data, cut = report.result(timeout=10)
+        return JobResult(rc, _tail(log_path), data, cut)
     finally:
         if lease:
             lease.release()
+
+
+class _Collector:
+    """Reads a pipe to its end in a thread, keeping at most `limit` bytes (the rest is drained)."""
+
+    def __init__(self, pipe, limit: int):
+        self.pipe, self.limit, self.chunks, self.size, self.cut = pipe, limit, [], 0, False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            while True:
+                chunk = self.pipe.read1(1 << 16)
+                if not chunk:
+                    break
+                if self.size + len(chunk) > self.limit:
+                    self.cut = True
+                    chunk = chunk[: max(0, self.limit - self.size)]
+                self.chunks.append(chunk)
+                self.size += len(chunk)
+        except (OSError, ValueError):
+            pass
+
+    def result(self, timeout: float) -> tuple[bytes, bool]:
+        self.thread.join(timeout)  # (the pipe ends with the sandbox: every process in it is dead by now)
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
+        return b"".join(self.chunks), self.cut
 
 
 def _feed(pipe, data: bytes) -> None:

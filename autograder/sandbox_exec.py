@@ -1,19 +1,24 @@
-"""Inside the sandbox: run one prepared notebook cell by cell and write what happened to /out.
+"""Inside the sandbox: run one prepared notebook cell by cell and report what happened.
 
-`python -m autograder.sandbox_exec JOB.json < NOTEBOOK`: the notebook (hidden tests included) comes
-on stdin and never exists as a file in the sandbox, and this process makes itself non-dumpable, so
-that the student's code (same uid) can read neither; the kernel gets each cell only when it runs.
-Everything this process writes is untrusted by the grader (the student's code runs as the same
-user and could rewrite it): it is read back as plain data with size limits, the in-kernel test
-results only ever lower a score, and the verdict comes from replaying the record in the grader.
-After every cell `executed.ipynb` and `status.json` are rewritten (atomically), so that a
-notebook killed at its time budget still reports the cells it ran.
+`python -m autograder.sandbox_exec JOB.json < NONCE+NOTEBOOK`: the notebook (hidden tests included)
+comes on stdin and never exists as a file in the sandbox, and this process makes itself
+non-dumpable, so that the student's code (same uid) can read neither; the kernel gets each cell
+only when it runs.
+
+The report goes back over this process's own stdout, which nothing else in the sandbox holds:
+before anything starts, the pipe is moved to a private descriptor (not inherited) and fd 1 and 2
+become the job's log, so that the kernel and whatever the student starts write there. Nothing is
+written to `/out` (the student's code can write there too; only the record, which the grader
+replays, lies there). What the report holds is `autograder.runner_report`'s whitelist. At the
+end, in the sandbox, this process kills every other process in it (`kill(-1)`: all it may signal,
+which in its pid namespace is everything the notebook started) before its last line.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 
@@ -59,11 +64,66 @@ def cap_outputs(cell) -> bool:
     return trimmed
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def _private_channel() -> int:
+    """This process's stdout (the grader's pipe) moved to a descriptor only it holds; fd 1 now
+    goes where fd 2 does (the job's log), and fd 0 reads nothing once the job is read."""
+    channel = os.dup(1)  # (os.dup: not inheritable, so no child, the kernel included, gets it)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(os.dup(2), "w", buffering=1)
+    return channel
+
+
+def _writer(fd: int):
+    def write(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    return write
+
+
+def _in_sandbox() -> bool:
+    """True in the sandbox's pid namespace (its pid 1 is bubblewrap), never in the grader's."""
+    try:
+        with open("/proc/1/comm", encoding="utf-8") as f:
+            return os.getpid() != 1 and f.read().strip() == "bwrap"
+    except OSError:
+        return False
+
+
+def _others() -> list[int]:
+    """Other live processes in this pid namespace (zombies are dead: they cannot write)."""
+    me, alive = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            alive.append(int(name))
+    return alive
+
+
+def end_other_processes(timeout: float = 10.0) -> list[int]:
+    """SIGKILL everything else in the sandbox (kill(-1) spares only this process and pid 1), until
+    nothing else is alive. Returns the pids still alive at `timeout` (none, normally)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # (reap this process's own children)
+                pass
+        except ChildProcessError:
+            pass
+        left = _others()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def _not_dumpable() -> None:
@@ -78,31 +138,28 @@ def _not_dumpable() -> None:
 
 
 def main(job_path: str) -> int:
+    channel = _private_channel()
+    _not_dumpable()
+
     import nbformat
 
     from .grade import _Executor
+    from .runner_report import Reporter
 
-    _not_dumpable()
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
-    nb = nbformat.reads(sys.stdin.buffer.read().decode("utf-8"), as_version=4)
-    sys.stdin.close()
-    out_dir = job["out"]
+    nonce, _, text = sys.stdin.buffer.read().partition(b"\n")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # (stdin is spent: the kernel inherits nothing of it)
+    os.close(devnull)
+    nb = nbformat.reads(text.decode("utf-8"), as_version=4)
     deadline = time.monotonic() + float(job["budget_s"])
-
-    def save(executor):
-        for cell in nb.cells:
-            if cell.get("cell_type") == "code":
-                cap_outputs(cell)
-        _write_atomic(os.path.join(out_dir, "executed.ipynb"), nbformat.writes(nb))
-        _write_atomic(os.path.join(out_dir, "status.json"),
-                      json.dumps({"status": {str(k): v for k, v in executor.status.items()}, "log": executor.log[:200],
-                                  "restarts": executor.restarts, "timings": executor.timings}))
-
+    reporter = Reporter(_writer(channel), nonce.decode("ascii"), nb, int(job["outputs_before"]), cap_outputs)
     executor = _Executor(nb, job["cwd"], job["kernel"], int(job["timeout"]), stage=None, deadline=deadline,
-                         on_cell=save, env_extra=job.get("env", {}), budget_s=float(job["budget_s"]))
+                         on_cell=reporter.cell_done, env_extra=job.get("env", {}), budget_s=float(job["budget_s"]))
     asyncio.run(executor.run())
-    save(executor)
+    left = end_other_processes() if job.get("sandbox") and _in_sandbox() else []
+    reporter.finish(executor, len(left))
     return 0
 
 

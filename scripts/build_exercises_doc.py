@@ -29,7 +29,7 @@ HEADER = """\
 
 Every exercise is a function or class with a fixed interface (the *adapter*). The notebook's
 solution cell defines it; its graded test cell calls `autograder.checks.<module>.check_<adapter>`
-on the visible seed 0, and its hidden tests on the seeds listed below. A check raises
+on the visible seed 0, and its hidden tests on other seeds (see below). A check raises
 `AssertionError` with a message that names the rule, the input, the expected and the got. The
 reference solutions (generated from the solution cells by `scripts/extract_references.py`) pass
 every check on every graded seed; every hand-written mutant (`autograder/mutants/`) fails on every
@@ -49,11 +49,17 @@ def demoted(markdown: str) -> str:
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", markdown, flags=re.M)
 
 
+# The hidden seeds are not listed: they live only in the instructor's notebooks (autograder/hidden_seeds.py).
+SEEDS = """\
+Graded seeds: every test cell calls its check on the visible seed {visible} (the table's `visible_seed`);
+its hidden tests call other seeds, written only in the instructor's notebooks (`solutions/`, read by
+`autograder/hidden_seeds.py`) and, when grading with `--seed-key`, derived from the instructor's key
+(docs/grading.md): a student who knows the checks still does not know their hidden inputs.
+"""
+
+
 def build() -> str:
-    seeds = {}
-    for e in EXERCISES:
-        seeds.setdefault(e.graded_seeds, []).append(f"`{e.adapter}`")
-    seed_lines = [f"- seeds {', '.join(map(str, s))}: {', '.join(names)}" for s, names in seeds.items()]
+    visible = sorted({e.visible_seed for e in EXERCISES})
     modules = sorted({e.module for e in EXERCISES} | {p.stem for p in PAGES.glob("nb*.md")})
     missing = [m for m in modules if not (PAGES / f"{m}.md").exists()]
     if missing:
@@ -62,8 +68,7 @@ def build() -> str:
     parts = [HEADER,
              f"## The table ({len(EXERCISES)} graded exercises, {total:g} points)\n",
              markdown_table() + "\n",
-             "Graded seeds:\n",
-             "\n".join(seed_lines) + "\n"]
+             SEEDS.format(visible=", ".join(map(str, visible)))]
     parts += [demoted((PAGES / f"{m}.md").read_text(encoding="utf-8")).rstrip() + "\n" for m in modules]
     return "\n".join(parts)
 

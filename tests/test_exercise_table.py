@@ -17,6 +17,7 @@ import torch
 
 from autograder.checks import get_check
 from autograder.exercises import EXERCISES
+from autograder.hidden_seeds import cell_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,9 +71,10 @@ def test_the_notebook_has_the_solution_and_test_cells_with_the_table_points(exer
     assert float(test["metadata"]["nbgrader"]["points"]) == sum(e.points for e in sharing)
     source = "".join(test["source"])
     assert f"{exercise.check_name}(" in source, f"{exercise.test_cell} does not call {exercise.check_name}"
-    hidden = source.split("### BEGIN HIDDEN TESTS", 1)[-1] if "### BEGIN HIDDEN TESTS" in source else ""
-    for seed in exercise.hidden_seeds:
-        assert f"seed={seed}" in hidden, f"{exercise.test_cell}: hidden tests should call seed={seed}"
+    visible, hidden = cell_seeds(source, exercise.adapter)
+    assert visible == (exercise.visible_seed,), (f"{exercise.test_cell}: the visible test should call "
+                                                 f"{exercise.check_name} with seed={exercise.visible_seed}, not {visible}")
+    assert hidden, f"{exercise.test_cell}: its hidden tests should call {exercise.check_name} with other literal seeds"
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.adapter)

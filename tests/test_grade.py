@@ -134,8 +134,10 @@ def test_find_source(tmp_path):
         (tmp_path / rel).write_text("{}")
     index = G.source_index(tmp_path)
     assert G.find_source(Path("sub/alice/03_paged_kv/03_paged_kv.ipynb"), index).name == "03_paged_kv.ipynb"
-    assert G.find_source(Path("inbox/05_hundred_users.ipynb"), index).parent.name == "05_hundred_users"
-    assert G.find_source(Path("inbox/alice_03_paged_kv_final.ipynb"), index).name == "03_paged_kv.ipynb"
+    # the folder names the assignment: a file's name alone, or a name it contains, does not
+    # (tests/test_batch_paths.py has the rest)
+    assert G.find_source(Path("inbox/05_hundred_users.ipynb"), index) is None
+    assert G.find_source(Path("inbox/alice_03_paged_kv_final.ipynb"), index) is None
     assert G.find_source(Path("inbox/unrelated.ipynb"), index) is None
 
 
@@ -290,7 +292,7 @@ def test_perfect_submission_gets_full_marks_twice(graded):
         assert (nb["score"], nb["max_score"]) == (MAX, MAX), nb
         assert not nb["integrity"] and not nb["errors"]
     assert scores(by_name["perfect"]) == scores(by_name["perfect_again"]), "grading is deterministic"
-    page = (base / "html").glob("*perfect__tiny__tiny.html")
+    page = (base / "html").glob("perfect__tiny__tiny__*.html")
     assert f"Score: {MAX:g} / {MAX:g}" in next(page).read_text()
 
 
@@ -334,9 +336,11 @@ def test_edited_or_deleted_tests_are_restored(graded, name):
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("patches_check", "check_kv_bytes_per_token was replaced"),
+    # (these two tamper in a cell after the first hidden test: what the guard found there is not named,
+    # since which names a student's code replaces could carry what it saw of the hidden inputs)
+    ("patches_check", "the guard found changes after a hidden test had run"),
     ("patches_check_visibly", "refers to the autograder"),
-    ("replaces_assertionerror", "builtins.AssertionError was replaced"),
+    ("replaces_assertionerror", "the guard found changes after a hidden test had run"),
 ])
 def test_tampering_gets_no_credit_and_says_why(graded, name, reason):
     nb = graded[1][name]

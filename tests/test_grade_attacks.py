@@ -28,7 +28,7 @@ from nbformat.v4 import new_code_cell
 from autograder import grade as G
 from autograder.submissions import released_submission, with_answer
 
-from attack_cases import KV, MAX, PAD, ROOT, WRONG, Builder, Graded, all_cases, attack, honest
+from attack_cases import KV, MAX, PAD, ROOT, WRONG, Builder, Graded, all_cases, attack, honest, only_areas
 from attack_cases import write as _write
 from attack_cases import write_sources as _sources
 
@@ -302,15 +302,16 @@ def batch(tmp_path_factory):
     source = sources[KV]
     out, grades = base / "results", base / "grades.json"
     paths = [_write(base, "honest_first", honest(source))]
-    paths += [_write(base, name, attack(source, code)) for name, code in ATTACKS.items()]
-    paths += [_write(base, name, attack(sources[which], code, which=which), which)
-              for name, (which, code, _) in COPIES.items()]
-    paths.append(_write(base, "detached_process", attack(source, _detached([str(grades), str(out / "summary.csv")]))))
-    paths.append(_write(base, "rewrites_sources", attack(source, _rewrites_sources(
-        [str(source_dir / "**" / "*.ipynb"), str(ROOT / "solutions" / "**" / "*.ipynb")]))))
-    paths.append(_write(base, "hidden_test_leaks", attack(source, LEAKS, LEAK_CELLS)))
-    paths.append(_write(base, "output_100mb", attack(source, HUGE_OUTPUT)))
-    paths.append(_write(base, "notebook_1mb", attack(source, _one_megabyte())))
+    if only_areas() is None:  # (ATTACK_AREAS set: a development run of some areas' cases)
+        paths += [_write(base, name, attack(source, code)) for name, code in ATTACKS.items()]
+        paths += [_write(base, name, attack(sources[which], code, which=which), which)
+                  for name, (which, code, _) in COPIES.items()]
+        paths.append(_write(base, "detached_process", attack(source, _detached([str(grades), str(out / "summary.csv")]))))
+        paths.append(_write(base, "rewrites_sources", attack(source, _rewrites_sources(
+            [str(source_dir / "**" / "*.ipynb"), str(ROOT / "solutions" / "**" / "*.ipynb")]))))
+        paths.append(_write(base, "hidden_test_leaks", attack(source, LEAKS, LEAK_CELLS)))
+        paths.append(_write(base, "output_100mb", attack(source, HUGE_OUTPUT)))
+        paths.append(_write(base, "notebook_1mb", attack(source, _one_megabyte())))
     paths.append(_write(base, "honest_last", honest(source)))
     paths.append(_write(base, "honest_pad_last", with_answer(honest(sources[PAD]), PAD[1], HONEST_PAD), PAD))
     paths.append(_write(base, "released_last", released_submission(source)))

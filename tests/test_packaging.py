@@ -131,6 +131,30 @@ def test_package_carries_what_notebooks_need_and_nothing_instructor_only(built, 
                     assert not ANSWER_REGION.search(text), f"{name} holds solutions or hidden tests"
 
 
+def test_the_wheel_ships_no_hidden_seed(built, tmp_path):
+    """The hidden tests' seeds live only in solutions/ (autograder/hidden_seeds.py): the installed
+    table of exercises has none, and asking it for them says where they are."""
+    import subprocess
+    import sys
+    import zipfile
+
+    with zipfile.ZipFile(built["wheel"]) as archive:
+        table = archive.read("autograder/exercises.py").decode()
+        archive.extractall(tmp_path / "site")
+    assert "hidden_seeds=" not in table and "(1, 2)" not in table
+    code = ("import dataclasses\n"
+            "from autograder.exercises import EXERCISES, Exercise\n"
+            "from autograder.hidden_seeds import NoSolutions\n"
+            "assert [f.name for f in dataclasses.fields(Exercise) if 'seed' in f.name] == ['visible_seed']\n"
+            "try:\n"
+            "    EXERCISES[0].graded_seeds\n"
+            "except NoSolutions as e:\n"
+            "    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 0 and "live only in the instructor's notebook" in done.stdout, done.stdout + done.stderr
+
+
 def test_installed_wheel_loads_the_model_and_imports_every_check(built, tmp_path):
     """The wheel on its own (unpacked first on the path, run outside the checkout): the tiny model
     loads, a C source is found, and every check module imports without the answer key."""

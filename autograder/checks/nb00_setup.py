@@ -7,7 +7,8 @@ from types import SimpleNamespace
 from course_lib.model.config import ModelConfig
 
 from .. import fixtures
-from .._checking import REFERENCE_MESSAGE, call, check, expect, fail, watch_calls
+from .._checking import (REFERENCE_MESSAGE, call, check, expect, expect_unchanged, fail, kind_of, pristine, show,
+                         watch_calls)
 
 
 def _kv_cases(rng: random.Random):
@@ -50,16 +51,19 @@ def _kv_hint(cfg, b, got) -> str:
 @check("kv_bytes_per_token")
 def check_kv_bytes_per_token(impl, seed, allow_reference):
     for cfg, b in _kv_cases(random.Random(seed)):
+        # Everything the verdict reads comes from `cfg`, the check's own config: the student's code is
+        # handed a copy of it (its changes to that copy are caught, and never change the expected value).
         want = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * b
-        got = call(f"kv_bytes_per_token(config, {b}) for a config with only "
-                   f"{', '.join(sorted(vars(cfg)))}" if isinstance(cfg, SimpleNamespace)
-                   else f"kv_bytes_per_token(config, {b})", impl, cfg, b)
         shape = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("num_layers", "num_heads", "num_kv_heads", "head_dim",
                                                               "hidden_size") if hasattr(cfg, k))
         shape += f", bytes_per_elem={b}"
-        expect(isinstance(got, int) and not isinstance(got, bool),
-               f"kv_bytes_per_token must return an int (a number of bytes), got {type(got).__name__} {got!r} "
-               f"for {shape}")
+        shown = (f"kv_bytes_per_token(config, {b}) for a config with only {', '.join(sorted(vars(cfg)))}"
+                 if isinstance(cfg, SimpleNamespace) else f"kv_bytes_per_token(config, {b})")
+        given = pristine(cfg)
+        got = call(shown, impl, given, b)
+        expect_unchanged(shown, "config", given, cfg)
+        expect(type(got) is int, lambda: f"kv_bytes_per_token must return an int (a number of bytes), got "
+                                         f"{kind_of(got)} {show(got)} for {shape}")
         expect(got == want, lambda: f"kv_bytes_per_token for {shape}: expected {want} bytes "
                                     f"(2 x layers x KV heads x head_dim x bytes), got {got}.{_kv_hint(cfg, b, got)}")
 
@@ -119,7 +123,8 @@ def check_answer(impl, seed, allow_reference):
             got = call(shown, impl, *args)
         if not allow_reference and any(module == generate_module.__name__ for module, _ in calls):
             fail(f"answer {REFERENCE_MESSAGE} (it calls {generate_module.__name__})")
-        expect(isinstance(got, str), f"{shown} must return the decoded text (a str), got {type(got).__name__}: {got!r:.80}")
+        expect(type(got) is str, lambda: f"{shown} must return the decoded text (a str), got {kind_of(got)}: "
+                                         f"{show(got)}")
         expect(any(func == "step" for _, func in calls),
                f"{shown} must serve the prompt through the engine: LLMEngine(model, EngineConfig()).generate(...) "
                "(the engine's step() was never called)")

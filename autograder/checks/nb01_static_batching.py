@@ -10,13 +10,14 @@ padded prompts `B x L` once and every later pass feeds exactly one new token per
 from __future__ import annotations
 
 import contextlib
-import copy
 import random
+import sys
 
 import torch
 
 from .. import fixtures
-from .._checking import call, check, expect, fail, forbid_calls, same_float
+from .._checking import (call, check, expect, expect_unchanged, fail, forbid_calls, is_tensor, kind_of, plain_float,
+                         plain_int, pristine, same_float, show)
 
 
 def _course_lib_batching():
@@ -72,16 +73,16 @@ def _pad_cases(rng: random.Random):
 @check("pad_batch", forbidden=lambda: (_course_lib_batching().pad_batch,))
 def check_pad_batch(impl, seed, allow_reference):
     for prompts, pad_id in _pad_cases(random.Random(seed)):
-        original = copy.deepcopy(prompts)
+        given = pristine(prompts)  # handed to the student's code; `prompts` stays the check's own
         shown = f"pad_batch({prompts}, pad_id={pad_id})"
         with forbid_calls("pad_batch", [_course_lib_batching()], enabled=not allow_reference):
-            result = call(shown, impl, prompts, pad_id)
-        expect(prompts == original, f"{shown} modified its input prompts (now {prompts}): build new tensors instead")
-        expect(isinstance(result, tuple) and len(result) == 2,
-               f"{shown} must return a tuple (ids, mask), got {type(result).__name__}")
+            result = call(shown, impl, given, pad_id)
+        expect_unchanged(shown, "prompts", given, prompts)
+        expect(type(result) is tuple and len(result) == 2,
+               lambda: f"{shown} must return a tuple (ids, mask), got {kind_of(result)}")
         ids, mask = result
-        expect(isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor),
-               f"{shown} must return two torch tensors, got {type(ids).__name__} and {type(mask).__name__}")
+        expect(is_tensor(ids) and is_tensor(mask),
+               lambda: f"{shown} must return two torch tensors, got {kind_of(ids)} and {kind_of(mask)}")
         want_ids, want_mask = _padded(prompts, pad_id)
         shape = (len(prompts), len(want_ids[0]))
         expect(tuple(ids.shape) == shape, f"{shown}: ids must have shape [batch, longest prompt] = {list(shape)}, "
@@ -169,8 +170,9 @@ def check_padding_waste(impl, seed, allow_reference):
         with forbid_calls("padding_waste", [_course_lib_batching()], enabled=not allow_reference):
             got = call(shown, impl, list(prompt_lens), list(output_lens))
         want = _waste(prompt_lens, output_lens)
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-               f"{shown} must return a float (a fraction), got {type(got).__name__} {got!r}")
+        expect(plain_float(got) is not None, lambda: f"{shown} must return a float (a fraction), got {kind_of(got)} "
+                                                     f"{show(got)}")
+        got = plain_float(got)
         if not same_float(got, want):
             b, pm, om = len(prompt_lens), max(prompt_lens), max(output_lens)
             fail(f"{shown} = {got!r}, expected {want!r}: the batch computes {b} x {pm} prefill slots plus "
@@ -278,33 +280,50 @@ def _static_hint(got, want, eos) -> str:
 
 @contextlib.contextmanager
 def _count_tokens_per_pass(model):
-    """Record the number of tokens each forward pass of `model` feeds (at its embedding)."""
+    """Record the number of tokens each forward pass of `model` feeds (at its embedding). The hook is
+    reachable through the model the student's code is handed: a call of it that does not come from
+    torch running the module (the student's code calling it to forge a count) is noted in `forged`."""
+    import torch.nn.modules.module as torch_module
+
     passes: list[int] = []
-    handle = model.embed_tokens.register_forward_pre_hook(lambda module, args: passes.append(int(args[0].numel())))
+    forged: list[str] = []
+    torch_file = torch_module.__file__
+
+    def count(module, args):
+        if sys._getframe(1).f_code.co_filename != torch_file:
+            forged.append("called directly")
+            return
+        passes.append(int(args[0].numel()))
+
+    handle = model.embed_tokens.register_forward_pre_hook(count)
     try:
-        yield passes
+        yield passes, forged
     finally:
         handle.remove()
 
 
 def _run_static(name, impl, model, label, prompts, max_tokens, eos, allow_reference):
-    original = copy.deepcopy(prompts)
+    given = pristine(prompts)  # handed to the student's code; `prompts` stays the check's own
     shown = (f"{name}(model, <case {label}: {len(prompts)} prompts of lengths {[len(p) for p in prompts]}>, "
              f"max_tokens={max_tokens}, eos_id={eos})")
-    with _count_tokens_per_pass(model) as passes, \
+    with _count_tokens_per_pass(model) as (passes, forged), \
             forbid_calls(name, [_course_lib_batching()], enabled=not allow_reference):
-        got = call(shown, impl, model, prompts, max_tokens, eos)
-    expect(prompts == original, f"{shown} modified its input prompts: copy them before appending tokens")
-    expect(isinstance(got, (list, tuple)) and len(got) == len(prompts),
-           lambda: f"{shown} must return one list of token ids per prompt ({len(prompts)}), got {type(got).__name__}"
-                   + (f" of length {len(got)}" if hasattr(got, "__len__") else ""))
+        got = call(shown, impl, model, given, max_tokens, eos)
+    expect(not forged, f"{shown} called the check's counter of forward passes (a hook on the model's embedding) "
+                       "itself: run the model, the check counts its passes")
+    expect_unchanged(shown, "prompts", given, prompts)
+    expect(type(got) in (list, tuple) and len(got) == len(prompts),
+           lambda: f"{shown} must return one list of token ids per prompt ({len(prompts)}), got {kind_of(got)}"
+                   + (f" of length {len(got)}" if type(got) in (list, tuple) else ""))
     rows = []
     for i, row in enumerate(got):
-        expect(isinstance(row, (list, tuple)), f"{shown}: row {i} must be a list of ints, got {type(row).__name__}")
-        try:
-            rows.append([int(t) for t in row])
-        except (TypeError, ValueError):
-            fail(f"{shown}: row {i} must be a list of ints, got {row!r:.80}")
+        expect(type(row) in (list, tuple), lambda: f"{shown}: row {i} must be a list of ints, got {kind_of(row)}")
+        ints = [plain_int(t) for t in row]
+        bad = next((k for k, v in enumerate(ints) if v is None), None)
+        if bad is not None:
+            fail(f"{shown}: row {i} must be a list of ints (token ids), but item {bad} is {kind_of(row[bad])} "
+                 f"{show(row[bad])}")
+        rows.append(ints)
     return shown, rows, passes
 
 

@@ -18,14 +18,14 @@ curve must show the trade-off, and a second run must give the same rows.
 from __future__ import annotations
 
 import math
-import numbers
 import random
 
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.scheduler.output import StepStats
 
 from .. import fixtures
-from .._checking import call, check, drive, expect, fail, forbid_calls, same_float
+from .._checking import (RunnerLedger, call, check, drive, expect, fail, forbid_calls, kind_of, plain_float, plain_int,
+                         pristine, same_float, show)
 
 
 def _reference_schedulers():
@@ -257,15 +257,17 @@ def _scripted_engine(impl, config: EngineConfig, admission, specs, scenario, amp
     engine = LLMEngine(fixtures.scripted_model_config(), config, scheduler=impl, admission=admission)
     inspector = _Inspector(engine, scenario, ample, chunked, admission)
     _add_all(engine, specs)
-    return engine, inspector
+    return engine, inspector, RunnerLedger(engine)
 
 
-def _finish_checks(engine, scenario, specs):
+def _finish_checks(engine, scenario, specs, ledger):
     for i, spec in enumerate(specs):
         r = engine.requests[f"r{i}"]
         expect(r.is_finished and r.num_output_tokens == spec[1],
                f"{scenario}: request r{i} should have finished with {spec[1]} tokens, got {r.num_output_tokens} "
                f"({r.status.value})")
+    # The requests' own fields are within the scheduler's reach: hold them to what the engine's runner produced.
+    ledger.expect_requests_match(engine, f"StudentScheduler ({scenario})")
     sched = engine.scheduler
     expect(not sched.running and not sched.waiting,
            f"{scenario}: after every request finished, {len(sched.running)} remain in self.running and "
@@ -276,10 +278,10 @@ def _finish_checks(engine, scenario, specs):
 
 
 def _run_scripted(impl, name, allow, config, admission, specs, scenario, ample, chunked=True):
-    engine, inspector = _scripted_engine(impl, config, admission, specs, scenario, ample, chunked)
+    engine, inspector, ledger = _scripted_engine(impl, config, admission, specs, scenario, ample, chunked)
     with forbid_calls(name, _reference_modules(), enabled=not allow):
         drive(engine, f"{name} ({scenario})", max_steps=800, on_step=inspector.after_step)
-    _finish_checks(engine, scenario, specs)
+    _finish_checks(engine, scenario, specs, ledger)
     return engine, inspector
 
 
@@ -400,6 +402,7 @@ def check_StudentScheduler(impl, seed, allow_reference):
     want = fixtures.greedy(model, prompts, 8)
     engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=14, max_num_seqs=4, max_num_batched_tokens=16,
                                            admission="none"), scheduler=impl)
+    ledger = RunnerLedger(engine)
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=8), request_id=f"r{i}")
     with forbid_calls(name, _reference_modules(), enabled=not allow_reference):
@@ -409,6 +412,7 @@ def check_StudentScheduler(impl, seed, allow_reference):
         expect(got == w, f"{name}: serving the float64 model, request r{i} (prompt of {len(prompts[i])} tokens) "
                          f"produced {got}, but the model's greedy answer is {w}: a chunk or a decode was scheduled "
                          "with the wrong start / number of tokens, or a request resumed from the wrong point")
+    ledger.expect_requests_match(engine, f"{name} (float64 model, 14-page pool)")
     expect(engine.pool.num_free_pages == engine.pool.num_pages,
            f"{name}: after serving the model, {engine.pool.num_pages - engine.pool.num_free_pages} pages are still used")
 
@@ -476,8 +480,8 @@ def check_mean_batch_occupancy(impl, seed, allow_reference):
         with forbid_calls("mean_batch_occupancy", _occupancy_module(), enabled=not allow_reference):
             got = call(shown, impl, steps, max_num_seqs)
         want = _occupancy(rows, max_num_seqs)
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-               f"{shown} must return a float, got {type(got).__name__} {got!r}")
+        expect(plain_float(got) is not None, lambda: f"{shown} must return a float, got {kind_of(got)} {show(got)}")
+        got = plain_float(got)
         if not rows:
             expect(got == 0.0, f"{shown}: no steps means an occupancy of 0.0, got {got!r}")
             continue
@@ -528,14 +532,15 @@ class _SweepHarness:
     engines and watch that every request enters a fresh engine once, and not before it arrives."""
 
     def __init__(self, seats, specs):
-        self.seats, self.specs = seats, {s.request_id: s for s in specs}
+        self.seats, self.specs = seats, {s.request_id: s for s in pristine(specs)}
         self.engines: list = []
         self.submitted: dict[int, set] = {}
 
     def make_engine(self, budget):
-        expect(isinstance(budget, numbers.Integral) and budget >= 1,
-               f"make_engine(budget) was called with {budget!r}: expected one of the budgets, an int >= 1")
-        engine = _sweep_engine(int(budget), self.seats)
+        value = plain_int(budget)
+        expect(value is not None and value >= 1,
+               lambda: f"make_engine(budget) was called with {show(budget)}: expected one of the budgets, an int >= 1")
+        engine = _sweep_engine(value, self.seats)
         self.engines.append(engine)
         self.submitted[id(engine)] = set()
         return engine
@@ -543,6 +548,10 @@ class _SweepHarness:
     def submit(self, engine, spec):
         seen = self.submitted.get(id(engine))
         expect(seen is not None, "submit(engine, spec) was called with an engine that make_engine(budget) did not build")
+        rid = getattr(spec, "request_id", None)
+        expect(type(rid) is str and rid in self.specs,
+               lambda: f"submit(engine, spec) was called with {show(spec)}: expected one of the specs you were given")
+        spec = self.specs[rid]  # the check's own copy: what the student's code was handed may have been changed
         expect(spec.request_id not in seen,
                f"submit: request {spec.request_id} was submitted twice to the same engine (each request enters once)")
         now = engine.clock.now()
@@ -584,18 +593,25 @@ def _alternatives(budget, times):
 
 
 def _rows_of(got, budgets, shown):
-    expect(isinstance(got, (list, tuple)), f"{shown} must return a list of dicts (one per budget), got "
-                                           f"{type(got).__name__}")
+    expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of dicts (one per budget), got "
+                                               f"{kind_of(got)}")
     got = list(got)
     expect(len(got) == len(budgets), f"{shown} returned {len(got)} rows, expected {len(budgets)} (one per budget)")
+    rows = []
     for i, row in enumerate(got):
-        expect(isinstance(row, dict), f"{shown}: row {i} is a {type(row).__name__}, expected a dict")
+        expect(type(row) is dict, lambda: f"{shown}: row {i} is {kind_of(row)}, expected a dict")
         missing = [k for k in _KEYS if k not in row]
         expect(not missing, f"{shown}: row {i} lacks the keys {missing} (expected at least {list(_KEYS)})")
+        values = {}
         for k in _KEYS:
             v = row[k]
-            expect(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)),
-                   f"{shown}: row {i}[{k!r}] = {v!r}, expected a finite number")
+            value = plain_int(v) if k == "budget" else plain_float(v)
+            expect(value is not None and math.isfinite(value),
+                   lambda: f"{shown}: row {i}[{k!r}] = {show(v)}, expected a finite number"
+                           + (" (an int: the budget you were given)" if k == "budget" else ""))
+            values[k] = value
+        rows.append(values)
+    got = rows
     expect([row["budget"] for row in got] == list(budgets),
            f"{shown}: the rows' budgets are {[row['budget'] for row in got]}, expected {list(budgets)} (one row per "
            "budget, in the order given)")
@@ -614,9 +630,11 @@ def check_budget_sweep(impl, seed, allow_reference):
     rng.shuffle(budgets)
     shown = (f"budget_sweep({budgets}, <{len(specs)} requests: prompts of {min(s.prompt_len for s in specs)}.."
              f"{max(s.prompt_len for s in specs)} tokens, an idle gap of 3 s>, make_engine (seats={seats}), submit)")
+    # The expected rows first, from the check's own specs: the student's code is handed copies of them.
+    want_rows = budget_sweep(list(budgets), pristine(specs), lambda b: make_sweep_engine(b, seats=seats), submit)
     harness = _SweepHarness(seats, specs)
     with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
-        got = call(shown, impl, list(budgets), list(specs), harness.make_engine, harness.submit)
+        got = call(shown, impl, list(budgets), pristine(specs), harness.make_engine, harness.submit)
     rows = _rows_of(got, budgets, shown)
     expect(len(harness.engines) == len(budgets),
            f"{shown}: make_engine was called {len(harness.engines)} times, expected {len(budgets)}: a fresh engine "
@@ -626,12 +644,11 @@ def check_budget_sweep(impl, seed, allow_reference):
         expect(not missing, f"{shown}: requests {missing[:4]} never entered the engine of budget "
                             f"{engine.config.max_num_batched_tokens}: expected every request served at every budget")
 
-    want_rows = budget_sweep(budgets, specs, lambda b: make_sweep_engine(b, seats=seats), submit)
     for row, want in zip(rows, want_rows):
         for key in _KEYS[1:]:
             if same_float(row[key], want[key], rel=1e-6):
                 continue
-            times = token_times(make_sweep_engine(want["budget"], seats=seats), specs, submit)
+            times = token_times(make_sweep_engine(want["budget"], seats=seats), pristine(specs), submit)
             hint = ""
             for value, reason in _alternatives(want["budget"], times).get(key, []):
                 if same_float(row[key], value, rel=1e-6):
@@ -651,7 +668,7 @@ def check_budget_sweep(impl, seed, allow_reference):
 
     harness2 = _SweepHarness(seats, specs)
     with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
-        again = call(shown, impl, list(budgets), list(specs), harness2.make_engine, harness2.submit)
+        again = call(shown, impl, list(budgets), pristine(specs), harness2.make_engine, harness2.submit)
     again = _rows_of(again, budgets, shown)
     for a, b in zip(rows, again):
         for key in _KEYS:

@@ -17,7 +17,8 @@ import random
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 
 from .. import fixtures
-from .._checking import REFERENCE_MESSAGE, call, check, drive, expect, fail, forbid_calls, watch_calls
+from .._checking import (REFERENCE_MESSAGE, call, check, drive, expect, expect_unchanged, fail, forbid_calls, is_tensor,
+                         kind_of, plain_int, pristine, show, watch_calls)
 
 
 def _block_pool_class():
@@ -338,8 +339,11 @@ def check_slot_mapping(impl, seed, allow_reference):
             shown = f"slot_mapping({table}, page_size={ps}, start={start}, count={count})"
             got = call(shown, impl, list(table), ps, start, count)
             want = _slots(table, ps, start, count)
-            expect(isinstance(got, (list, tuple)), f"{shown} must return a list of slots, got {type(got).__name__}")
-            got = list(got)
+            expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of slots, got {kind_of(got)}")
+            bad = next((i for i, x in enumerate(got) if plain_int(x) is None), None)
+            expect(bad is None, lambda: f"{shown} must return a list of slots (ints), but item {bad} is "
+                                        f"{kind_of(got[bad])} {show(got[bad])}")
+            got = [plain_int(x) for x in got]
             if got == want:
                 continue
             positions = list(range(start, start + count))
@@ -380,8 +384,8 @@ def check_paged_waste(impl, seed, allow_reference):
             with forbid_calls("paged_waste", _waste_module(), enabled=not allow_reference):
                 got = call(shown, impl, list(tokens), ps)
             want = sum(-(-n // ps) * ps - n for n in tokens)
-            expect(isinstance(got, int) and not isinstance(got, bool),
-                   f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
+            expect(type(got) is int, lambda: f"{shown} must return an int (a number of slots), got {kind_of(got)} "
+                                             f"{show(got)}")
             if got != want:
                 hint = ""
                 if got == sum((n // ps + 1) * ps - n for n in tokens):
@@ -405,8 +409,8 @@ def check_contiguous_waste(impl, seed, allow_reference):
             with forbid_calls("contiguous_waste", _waste_module(), enabled=not allow_reference):
                 got = call(shown, impl, list(tokens), max_len)
             want = sum(max_len - n for n in tokens)
-            expect(isinstance(got, int) and not isinstance(got, bool),
-                   f"{shown} must return an int (a number of slots), got {type(got).__name__} {got!r}")
+            expect(type(got) is int, lambda: f"{shown} must return an int (a number of slots), got {kind_of(got)} "
+                                             f"{show(got)}")
             if got != want:
                 hint = ""
                 if got == sum(max(tokens) - n for n in tokens) and max_len != max(tokens):
@@ -527,8 +531,8 @@ def _positions(out) -> list[int]:
 def _tensor_problem(field, t, want, rows, seqs, pad) -> str | None:
     import torch
 
-    if not isinstance(t, torch.Tensor):
-        return f"{field} must be a torch.Tensor, got {type(t).__name__}"
+    if not is_tensor(t):
+        return f"{field} must be a torch.Tensor, got {kind_of(t)}"
     dtype = torch.long if field in _LONG_FIELDS else torch.int32
     if t.dtype != dtype:
         return (f"{field} is {t.dtype}, expected {dtype} (token ids, positions and slots are int64; block tables, "
@@ -552,13 +556,12 @@ def _tensor_problem(field, t, want, rows, seqs, pad) -> str | None:
     return None
 
 
-def _judge_batch(got, out, page_size, pad_slot, where: str) -> None:
-    """Fail unless `got` is exactly the flat batch of `out`."""
+def _judge_batch(got, out, want, page_size, pad_slot, where: str) -> None:
+    """Fail unless `got` is exactly `want`, the flat batch of `out` (the check's own, never handed over)."""
     shown = f"build_flat_batch{where} for the step ({_describe(out, page_size, pad_slot)})"
     missing = [f for f in _FIELDS if not hasattr(got, f)]
-    expect(not missing, lambda: f"{shown} returned a {type(got).__name__} without {', '.join(missing)}: return a "
+    expect(not missing, lambda: f"{shown} returned {kind_of(got)} without {', '.join(missing)}: return a "
                                 "FlatBatch (from course_lib.runner_batch import FlatBatch)")
-    want = _expected_batch(out, page_size, pad_slot)
     rows, seqs = len(want["token_ids"]), len(want["seq_lens"])
     for field in _FIELDS:
         t = getattr(got, field)
@@ -572,18 +575,25 @@ def _judge_batch(got, out, page_size, pad_slot, where: str) -> None:
 
 
 def _build(impl, out, page_size, device, pad_slot, where, allow_reference):
-    """The student's batch of `out`, refusing calls into course_lib's builder or slot maps."""
+    """The student's batch of `out`, judged: the expected batch is computed from `out` first, and the
+    student's code is handed a copy of it (`out` may be the engine's own, which the runner reads next)."""
+    want = _expected_batch(out, page_size, pad_slot)
     shown = f"build_flat_batch{where} ({_describe(out, page_size, pad_slot)})"
+    given = pristine(out)
     if allow_reference:
-        return call(shown, impl, out, page_size, device, pad_slot)
-    with watch_calls(_flat_batch_modules()) as hits:
-        try:
-            return call(shown, impl, out, page_size, device, pad_slot)
-        finally:
-            used = [f"{m}.{f}" for m, f in hits if not (m == "course_lib.scheduler.output" and f != "slots")]
-            if used:
-                fail(f"build_flat_batch {REFERENCE_MESSAGE} (it calls {used[0]}): compute the rows yourself "
-                     "(your slot_mapping of section 2 gives the slots)")
+        got = call(shown, impl, given, page_size, device, pad_slot)
+    else:
+        with watch_calls(_flat_batch_modules()) as hits:
+            try:
+                got = call(shown, impl, given, page_size, device, pad_slot)
+            finally:
+                used = [f"{m}.{f}" for m, f in hits if not (m == "course_lib.scheduler.output" and f != "slots")]
+                if used:
+                    fail(f"build_flat_batch {REFERENCE_MESSAGE} (it calls {used[0]}): compute the rows yourself "
+                         "(your slot_mapping of section 2 gives the slots)")
+    expect_unchanged(shown, "output", given, out)
+    _judge_batch(got, out, want, page_size, pad_slot, where)
+    return got
 
 
 def _fixed_outputs():
@@ -633,9 +643,7 @@ def _serve_through_builder(impl, seed, allow_reference, config, label):
     def builder(out, page_size, device, pad_slot):
         calls[0] += 1
         where = f" (engine step {calls[0]}, {label})"
-        got = _build(impl, out, page_size, device, pad_slot, where, allow_reference)
-        _judge_batch(got, out, page_size, pad_slot, where)
-        return got
+        return _build(impl, out, page_size, device, pad_slot, where, allow_reference)
 
     engine = LLMEngine(model, config, batch_builder=builder)
     for i, p in enumerate(prompts):
@@ -655,8 +663,7 @@ def check_build_flat_batch(impl, seed, allow_reference):
     rng = random.Random(seed)
     cases = _fixed_outputs() + [_random_output(rng) for _ in range(8)]
     for out, page_size, pad_slot in cases:
-        got = _build(impl, out, page_size, "cpu", pad_slot, "", allow_reference)
-        _judge_batch(got, out, page_size, pad_slot, "")
+        _build(impl, out, page_size, "cpu", pad_slot, "", allow_reference)
     # "auto" is the C forward where it can run here, else the PyTorch one: either way the steps (and so the
     # questions this check asks) are the same, which a recorded grading replayed elsewhere relies on.
     for forward in ("eager", "auto"):

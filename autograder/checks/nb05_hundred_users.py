@@ -22,7 +22,8 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.engine import RequestOutput
 
 from .. import fixtures
-from .._checking import call, check, expect, fail, forbid_calls, same_float
+from .._checking import (call, check, expect, expect_unchanged, fail, forbid_calls, kind_of, plain_float, plain_int,
+                         pristine, same_float, show)
 
 
 def _metrics_module():
@@ -160,7 +161,7 @@ def _mismatch(got, want):
             if (g is None) != (w is None) or (w is not None and not same_float(g, w)):
                 return f"{key}.{p}", g, w
     for key in ("completed", "output_tokens"):  # exact counters
-        if not (isinstance(got[key], int) and not isinstance(got[key], bool) and got[key] == want[key]):
+        if not (type(got[key]) is int and got[key] == want[key]):
             return key, got[key], want[key]
     if not same_float(got["throughput_tok_s"], want["throughput_tok_s"]):
         return "throughput_tok_s", got["throughput_tok_s"], want["throughput_tok_s"]
@@ -201,24 +202,46 @@ def _summary_hint(records, got, key) -> str:
     return ""
 
 
+def _plain_summary(got, shown):
+    """The student's summary as plain data (a dict of dicts of floats and ints), or a failure naming
+    what is not: every value is read once and judged by its exact type."""
+    expect(type(got) is dict, lambda: f"{shown} must return a dict, got {kind_of(got)}")
+    out = {}
+    for key in ("ttft", "tpot", "latency"):
+        part = got.get(key)
+        expect(type(part) is dict and "p50" in part and "p99" in part,
+               lambda: f"{shown}: result[{key!r}] must be a dict with keys 'p50' and 'p99', got {show(part)}")
+        out[key] = {}
+        for p in ("p50", "p99"):
+            value = part[p]
+            expect(value is None or plain_float(value) is not None,
+                   lambda: f"{shown}: result[{key!r}][{p!r}] must be a float (or None when there are no values), "
+                           f"got {kind_of(value)} {show(value)}")
+            out[key][p] = None if value is None else plain_float(value)
+    for key in ("throughput_tok_s", "completed", "output_tokens"):
+        expect(key in got, lambda: f"{shown}: the result needs a {key!r} key, got keys {sorted(show(k) for k in got)}")
+    throughput = got["throughput_tok_s"]
+    expect(plain_float(throughput) is not None,
+           lambda: f"{shown}: throughput_tok_s must be a float, got {kind_of(throughput)} {show(throughput)}")
+    out["throughput_tok_s"] = plain_float(throughput)
+    for key in ("completed", "output_tokens"):  # exact counters: ints, not 3.0 (judged in _mismatch)
+        value = got[key]
+        out[key] = value if type(value) in (int, float, bool, str, type(None)) else show(value)
+    return out
+
+
 @check("latency_summary", forbidden=_metrics_functions)
 def check_latency_summary(impl, seed, allow_reference):
     with forbid_calls("latency_summary", _metrics_module(), enabled=not allow_reference):
         for records in _summary_cases(random.Random(seed)):
+            # `records` stay the check's own: the student's code gets copies (the same values, other objects).
             shown = f"latency_summary({_show_records(records)})"
-            got = call(shown, impl, list(records))
             want = _summary(records)
-            expect(isinstance(got, dict), f"{shown} must return a dict, got {type(got).__name__}")
-            for key in ("ttft", "tpot", "latency"):
-                expect(isinstance(got.get(key), dict) and "p50" in got[key] and "p99" in got[key],
-                       f"{shown}: result[{key!r}] must be a dict with keys 'p50' and 'p99', got {got.get(key)!r}")
-                for p in ("p50", "p99"):
-                    value = got[key][p]
-                    expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
-                           f"{shown}: result[{key!r}][{p!r}] must be a float (or None when there are no values), "
-                           f"got {type(value).__name__} {value!r}")
-            for key in ("throughput_tok_s", "completed", "output_tokens"):
-                expect(key in got, f"{shown}: the result needs a {key!r} key, got keys {sorted(got)}")
+            given = pristine(records)
+            got = call(shown, impl, list(given))
+            for i, (handed, kept) in enumerate(zip(given, records)):
+                expect_unchanged(shown, f"records[{i}]", handed, kept)
+            got = _plain_summary(got, shown)
             diff = _mismatch(got, want)
             if diff:
                 key, g, w = diff
@@ -244,25 +267,54 @@ def _make_prompt(vocab):
 IDLE_STEPS = 50  # engine.step() calls with nothing left to serve before the loop counts as endless
 
 
-def _stop_an_endless_loop(engine, shown):
-    """Fail at once (instead of at the grader's time limit) when the loop keeps stepping an engine
-    that has nothing left to serve: it would never end."""
-    real_step, idle = engine.step, [0]
+class _LoopWatch:
+    """The engine handed to the student's loop, watched by the check: each request as it entered
+    (through engine.add_request: its prompt, and how many engine steps had run by then) and each
+    request's finished output as the engine's own step() returned it (the step that finished it, its
+    tokens). The student's code can reach the engine's requests and rewrite their fields (arrival and
+    finish times, status, tokens); it cannot reach this, so the verdict reads this.
 
-    def step():
-        idle[0] = 0 if engine.has_unfinished_requests else idle[0] + 1
-        if idle[0] > IDLE_STEPS:
-            fail(f"{shown} called engine.step() {IDLE_STEPS} times in a row with no request left to serve "
-                 f"({len(engine.requests)} sent, all finished): the loop never ends. Stop when all num_requests "
-                 "requests have finished")
-        return real_step()
+    It also stops an endless loop at once (instead of at the grader's time limit): a loop that keeps
+    stepping an engine with nothing left to serve would never end."""
 
-    engine.step = step
+    def __init__(self, engine, shown):
+        self.steps = 0
+        self.sent: list[tuple[str, list, int]] = []  # (request id, prompt, steps run before it entered)
+        self.finished: dict[str, tuple[int, list]] = {}  # request id -> (its finishing step, its tokens)
+        add_request, step, idle = engine.add_request, engine.step, [0]
+
+        def add_and_note(*args, **kwargs):
+            rid = add_request(*args, **kwargs)
+            self.sent.append((rid, list(engine.requests[rid].prompt_token_ids), self.steps))
+            return rid
+
+        def step_and_note():
+            idle[0] = 0 if engine.has_unfinished_requests else idle[0] + 1
+            if idle[0] > IDLE_STEPS:
+                fail(f"{shown} called engine.step() {IDLE_STEPS} times in a row with no request left to serve "
+                     f"({len(engine.requests)} sent, all finished): the loop never ends. Stop when all num_requests "
+                     "requests have finished")
+            outputs = step()
+            self.steps += 1
+            for out in outputs:
+                if out.finished and out.request_id not in self.finished:
+                    self.finished[out.request_id] = (self.steps, list(out.token_ids))
+            return outputs
+
+        engine.add_request, engine.step = add_and_note, step_and_note
+
+
+def _int_list(value):
+    """`value` (a list or tuple of plain ints) as a list of ints, or None."""
+    if type(value) not in (list, tuple):
+        return None
+    ints = [plain_int(x) for x in value]
+    return None if any(x is None for x in ints) else ints
 
 
 def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_num_seqs=None):
     mc = fixtures.scripted_model_config()
-    engines, prompts_made = [], []
+    engines, watches, prompts_made = [], [], []
     inner = _make_prompt(mc.vocab_size)
 
     def make_engine():
@@ -270,7 +322,7 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
                                             max_num_seqs=max_num_seqs or num_users + 2, max_num_batched_tokens=512,
                                             admission="none"), clock=fixtures.StepClock())
         engines.append(engine)
-        _stop_an_endless_loop(engine, shown)
+        watches.append(_LoopWatch(engine, shown))
         return engine
 
     def make_prompt(rng):
@@ -287,33 +339,37 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
         results = call(shown, impl, make_engine, num_users, num_requests, make_prompt, seed)
     expect(len(engines) == 1, f"{shown} called make_engine() {len(engines)} times: build one engine and serve every "
                               "request on it")
-    engine = engines[0]
+    engine, watch = engines[0], watches[0]
     expect(len(prompts_made) == num_requests,
            f"{shown} called make_prompt {len(prompts_made)} times: it must send exactly num_requests={num_requests} requests")
     rng = random.Random(seed)
     expected = [inner(rng) for _ in range(num_requests)]
-    sent = list(engine.requests.values())
+    # What the check saw enter and finish, never the engine's requests (your code can rewrite those).
+    seen = {rid for rid, _, _ in watch.sent}
+    unseen = [rid for rid in engine.requests if rid not in seen]
+    expect(not unseen, f"{shown}: requests {unseen[:5]} are in the engine but did not enter through the "
+                       "engine.add_request the check handed you: send every request with engine.add_request")
+    sent = watch.sent
     expect(len(sent) == num_requests, f"{shown} added {len(sent)} requests to the engine, expected {num_requests}")
-    for k, (r, (prompt, params)) in enumerate(zip(sent, expected)):
-        if r.prompt_token_ids != prompt:
-            same = all(q.prompt_token_ids == sent[0].prompt_token_ids for q in sent)
-            fail(f"{shown}: request {k} has prompt {r.prompt_token_ids}, but the {k}-th make_prompt draw from "
+    for k, ((rid, prompt_sent, _), (prompt, params)) in enumerate(zip(sent, expected)):
+        if prompt_sent != prompt:
+            same = all(p == sent[0][1] for _, p, _ in sent)
+            fail(f"{shown}: request {k} has prompt {prompt_sent}, but the {k}-th make_prompt draw from "
                  f"random.Random({seed}) is {prompt}: "
                  + ("every request got the same prompt, so a new rng was created per request; "
                     if same else "")
                  + "create rng = random.Random(seed) ONCE and pass it to every make_prompt(rng) call, and send "
                    "each prompt with the SamplingParams make_prompt returned")
-    unfinished = [r.request_id for r in sent if not r.is_finished]
+    unfinished = [rid for rid, _, _ in sent if rid not in watch.finished]
+    elsewhere = [rid for rid in unfinished if engine.requests[rid].is_finished]
+    expect(not elsewhere, f"{shown}: requests {elsewhere[:5]} look finished, but no engine.step() the check handed "
+                          "you finished them: serve the requests by stepping the engine (engine.step()), and leave "
+                          "their fields to the engine")
     expect(not unfinished, f"{shown} returned while requests {unfinished[:5]} were unfinished: run until all "
                            f"{num_requests} are done")
-    # Arrival order: request k is sent no later than request k + 1 (the server serves them in that order).
-    for k in range(len(sent) - 1):
-        expect(sent[k].arrival_time <= sent[k + 1].arrival_time,
-               f"{shown}: request {k} arrived at step {sent[k].arrival_time:g}, after request {k + 1} "
-               f"({sent[k + 1].arrival_time:g}): send the requests in order")
-    # The closed loop, as an equation over the step clock.
-    arrivals = sorted(r.arrival_time for r in sent)
-    finishes = sorted(r.finish_time for r in sent)
+    # The closed loop, as an equation over the engine's steps (the step clock's times).
+    arrivals = sorted(steps for _, _, steps in sent)
+    finishes = sorted(watch.finished[rid][0] for rid, _, _ in sent)
     for t in range(int(max(finishes)) + 1):
         a = sum(1 for x in arrivals if x <= t)
         f = sum(1 for x in finishes if x <= t)
@@ -330,19 +386,26 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
              "when a request finishes, its user sends the next one right away, before the engine's next step "
              "(for every request that finished in that step), whether or not the server has a free seat: "
              "the server queues it (first come, first served), and that wait is part of its TTFT")
-    # The returned outputs.
-    expect(isinstance(results, (list, tuple)) and len(results) == num_requests,
-           f"{shown} must return a list of {num_requests} RequestOutputs, got {type(results).__name__}"
-           + (f" of length {len(results)}" if hasattr(results, "__len__") else ""))
-    for k, (out, (prompt, params)) in enumerate(zip(results, expected)):
+    # The returned outputs: the finished outputs the engine's steps returned, in the order the requests were sent.
+    expect(type(results) in (list, tuple) and len(results) == num_requests,
+           lambda: f"{shown} must return a list of {num_requests} RequestOutputs, got {kind_of(results)}"
+                   + (f" of length {len(results)}" if type(results) in (list, tuple) else ""))
+    for k, (out, (rid, _, _), (prompt, params)) in enumerate(zip(results, sent, expected)):
         expect(hasattr(out, "token_ids") and hasattr(out, "prompt_token_ids"),
-               f"{shown}: item {k} must be a RequestOutput (what engine.step() returns), got {type(out).__name__}")
-        if list(out.prompt_token_ids) != prompt:
-            fail(f"{shown}: item {k} of the result is not the {k}-th request sent (prompt {list(out.prompt_token_ids)} "
+               lambda: f"{shown}: item {k} must be a RequestOutput (what engine.step() returns), got {kind_of(out)}")
+        prompt_ids, tokens = _int_list(out.prompt_token_ids), _int_list(out.token_ids)
+        if prompt_ids != prompt:
+            fail(f"{shown}: item {k} of the result is not the {k}-th request sent (prompt {show(prompt_ids)} "
                  f"instead of {prompt}): return the outputs in the order the requests were sent")
-        expect(out.finished and len(out.token_ids) == params.max_tokens,
-               f"{shown}: item {k} should be the finished output with {params.max_tokens} tokens, got "
-               f"finished={out.finished} with {len(out.token_ids)} tokens: keep the output from the step where it finished")
+        finished = out.finished
+        want_tokens = watch.finished[rid][1]
+        expect(finished is True and tokens is not None and len(tokens) == params.max_tokens,
+               lambda: f"{shown}: item {k} should be the finished output with {params.max_tokens} tokens, got "
+                       f"finished={show(finished)} with {len(tokens) if tokens is not None else show(out.token_ids)} "
+                       "tokens: keep the output from the step where it finished")
+        expect(tokens == want_tokens,
+               lambda: f"{shown}: item {k} holds the tokens {tokens}, but the engine's step that finished request "
+                       f"{rid} returned {want_tokens}: return the RequestOutputs engine.step() gave you, as they were")
 
 
 @check("run_closed_loop", forbidden=_loop_functions)

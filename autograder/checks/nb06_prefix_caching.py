@@ -25,7 +25,7 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 
 from .. import fixtures
-from .._checking import call, check, drive, expect, fail, forbid_calls, same_float
+from .._checking import call, check, drive, expect, fail, forbid_calls, kind_of, plain_int, same_float, show
 
 ROOT = 0
 
@@ -59,8 +59,11 @@ class _KeyBook:
     def keys(self, tokens, ps):
         shown = f"page_keys({_short(tokens)}, page_size={ps})"
         got = call(shown, self.impl, list(tokens), ps)
-        expect(isinstance(got, (list, tuple)), f"{shown} must return a list of keys, got {type(got).__name__}")
+        expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of keys, got {kind_of(got)}")
         got = list(got)
+        bad = next((i for i, key in enumerate(got) if not _plain_key(key)), None)
+        expect(bad is None, lambda: f"{shown}: key {bad} is {kind_of(got[bad])} {show(got[bad])}: a key must be plain "
+                                    "data (an int, a str, bytes, or a tuple of those), compared by its value")
         full = len(tokens) // ps
         if len(got) != full:
             extra = (f" the last {len(tokens) % ps} token(s) do not fill a page, so they get no key (a partly "
@@ -85,6 +88,17 @@ class _KeyBook:
             self.by_prefix[(ps, prefix)] = key
             self.by_key[(ps, key)] = prefix
         return got
+
+
+def _plain_key(key, depth=0) -> bool:
+    """A key of plain data (an int, a str, bytes, a tuple of them): its equality and hash are its value's, so
+    comparing two keys asks the student's code nothing."""
+    import numpy as np
+
+    t = type(key)
+    if t in (int, str, bytes, float, bool, type(None)) or t in (np.int64, np.uint64, np.int32, np.uint32):
+        return True
+    return t in (tuple, frozenset) and depth < 20 and all(_plain_key(k, depth + 1) for k in key)
 
 
 def _short(tokens, limit=24):
@@ -206,9 +220,9 @@ class _Cache:
 
     def register(self, page, parent, tokens):
         serial = call(f"register({page}, {parent}, {tuple(tokens)})", self.cache.register, page, parent, tuple(tokens))
-        expect(isinstance(serial, int) and not isinstance(serial, bool) and serial != ROOT,
-               f"StudentPrefixCache.register({page}, {parent}, ...) must return the page's serial (an int, never "
-               f"ROOT = 0, which means 'no parent'), got {serial!r}")
+        expect(type(serial) is int and serial != ROOT,
+               lambda: f"StudentPrefixCache.register({page}, {parent}, ...) must return the page's serial (an int, "
+                       f"never ROOT = 0, which means 'no parent'), got {show(serial)}")
         return serial
 
     def register_chain(self, tokens, pages=None, parent=ROOT, first=0):
@@ -224,9 +238,14 @@ class _Cache:
 
     def lookup(self, tokens, max_pages):
         result = call(f"lookup({_short(tokens)}, max_pages={max_pages})", self.cache.lookup, list(tokens), max_pages)
-        expect(isinstance(result, tuple) and len(result) == 2,
-               f"StudentPrefixCache.lookup must return (pages, serial), got {result!r:.80}")
-        return list(result[0]), result[1]
+        expect(type(result) is tuple and len(result) == 2,
+               lambda: f"StudentPrefixCache.lookup must return (pages, serial), got {kind_of(result)} {show(result)}")
+        pages, serial = result
+        ints = [plain_int(p) for p in pages] if type(pages) in (list, tuple) else [None]
+        expect(None not in ints and plain_int(serial) is not None,
+               lambda: f"StudentPrefixCache.lookup must return (pages, serial): a list of page ids and an int, got "
+                       f"{show(result)}")
+        return ints, plain_int(serial)
 
     def is_cached(self, page):
         return bool(call(f"is_cached({page})", self.cache.is_cached, page))

@@ -19,7 +19,8 @@ from course_lib.kv.manager import KVCacheManager
 from course_lib.scheduler.request import Request, RequestStatus
 
 from .. import fixtures
-from .._checking import REFERENCE_MESSAGE, call, check, drive, expect, fail, forbid_calls
+from .._checking import (REFERENCE_MESSAGE, RunnerLedger, call, check, drive, expect, expect_unchanged, fail,
+                         forbid_calls, kind_of, plain_float, pristine, show)
 from ..membrane import is_proxy
 
 
@@ -83,12 +84,21 @@ class _Judge:
         self.policy, self.watermark, self.calls = policy, watermark, 0
 
     def can_admit(self, request, num_new_tokens, cached_pages, kv, running):
-        got = call("can_admit(...)", self.policy.can_admit, request, num_new_tokens, cached_pages, kv, running)
+        # The definition's answer first, from the engine's state as the policy is asked: the policy is
+        # handed the engine's own kv manager, request and running list, and must leave them as they are.
         want = _should_admit(self.watermark, request, num_new_tokens, cached_pages, kv)
+        described = _describe(request, num_new_tokens, cached_pages, kv, self.watermark)
+        kept = pristine((request, kv, list(running)))
+        got = call("can_admit(...)", self.policy.can_admit, request, num_new_tokens, cached_pages, kv, running)
+        shown = f"StudentWatermark({self.watermark}).can_admit inside the engine"
+        for what, handed, mine in zip(("request", "kv", "running"), (request, kv, list(running)), kept):
+            expect_unchanged(shown, what, handed, mine)
         self.calls += 1
+        expect(type(got) is bool or (type(got) is int and got in (0, 1)),
+               lambda: f"{shown} must return a bool, got {kind_of(got)} {show(got)}")
         if bool(got) != want:
             fail(f"StudentWatermark({self.watermark}) inside the engine: can_admit returned {got!r} for "
-                 f"{_describe(request, num_new_tokens, cached_pages, kv, self.watermark)}; expected {want}")
+                 f"{described}; expected {want}")
         return got
 
 
@@ -108,23 +118,29 @@ def check_StudentWatermark(impl, seed, allow_reference):
             fail(f"{name}({bad}) must raise ValueError: a watermark is a fraction of the pool in [0, 1)")
         for watermark, request, n, cached, kv in _grid(impl, rng):
             policy = call(f"{name}({watermark})", impl, watermark)
-            before = (kv.num_free_pages, list(kv.pool.ref_counts))
-            got = call("can_admit", policy.can_admit, request, n, list(cached), kv, [])
-            expect(isinstance(got, bool) or got in (0, 1), f"{name}.can_admit must return a bool, got {got!r}")
-            expect((kv.num_free_pages, list(kv.pool.ref_counts)) == before,
-                   f"{name}.can_admit changed the pool: it must only decide, never allocate or free")
+            # The expected answer and the message from the check's own state, before the policy sees it;
+            # the policy is handed copies, which it must leave as they are.
             want = _should_admit(watermark, request, n, cached, kv)
+            need = kv.num_pages_needed(request, n, cached)
+            described = _describe(request, n, cached, kv, watermark)
+            given_request, given_kv = pristine((request, kv))
+            before = (given_kv.num_free_pages, list(given_kv.pool.ref_counts))
+            got = call("can_admit", policy.can_admit, given_request, n, list(cached), given_kv, [])
+            expect(type(got) is bool or (type(got) is int and got in (0, 1)),
+                   lambda: f"{name}.can_admit must return a bool, got {kind_of(got)} {show(got)}")
+            expect((given_kv.num_free_pages, list(given_kv.pool.ref_counts)) == before,
+                   f"{name}.can_admit changed the pool: it must only decide, never allocate or free")
+            expect_unchanged(f"{name}.can_admit", "kv", given_kv, kv)
+            expect_unchanged(f"{name}.can_admit", "request", given_request, request)
             if bool(got) != want:
                 hint = ""
-                need = kv.num_pages_needed(request, n, cached)
                 if kv.num_free_pages - need == watermark * kv.num_pages:
                     hint = " (exactly at the watermark: that is still allowed, use >=)"
                 elif want is False and got:
                     hint = (" (admitting it would leave less than the watermark free: count the pages the request "
                             "needs, kv.num_pages_needed(request, num_new_tokens, cached_pages), cached pages to "
                             "revive included)")
-                fail(f"{name}.can_admit returned {got!r} for {_describe(request, n, cached, kv, watermark)}; "
-                     f"expected {want}{hint}")
+                fail(f"{name}.can_admit returned {got!r} for {described}; expected {want}{hint}")
         # Under load, inside the engine.
         watermark = rng.choice([0.1, 0.2, 0.3])
         judge = _Judge(impl(watermark), watermark)
@@ -212,21 +228,23 @@ def check_preemption_report(impl, seed, allow_reference):
              _served_engine(random.Random(seed * 1000 + 9), 16, 8, (4, 20), (10, 30), preemption="fail")),
             ("an engine that served nothing", LLMEngine(fixtures.scripted_model_config(), EngineConfig()))]
     for label, engine in runs:
+        # From the engine before the student's code sees it (it is handed the engine itself).
         want = _report(engine)
+        per_request = {r.request_id: r.num_preemptions for r in engine.requests.values() if r.num_preemptions}
         shown = f"{name}(engine) after {label}"
         got = call(shown, impl, engine)
-        expect(isinstance(got, dict), f"{shown} must return a dict, got {type(got).__name__}")
+        expect(type(got) is dict, lambda: f"{shown} must return a dict, got {kind_of(got)}")
         for key in want:
-            expect(key in got, f"{shown}: the result needs the key {key!r} (got keys {sorted(got)})")
+            expect(key in got, lambda: f"{shown}: the result needs the key {key!r} (got keys "
+                                       f"{sorted(show(k) for k in got)})")
             value = got[key]
-            expect(isinstance(value, int) and not isinstance(value, bool),
-                   f"{shown}: result[{key!r}] must be an int, got {type(value).__name__} {value!r}")
+            expect(type(value) is int, lambda: f"{shown}: result[{key!r}] must be an int, got {kind_of(value)} "
+                                               f"{show(value)}")
         for key, w in want.items():
             g = got[key]
             if g == w:
                 continue
             hint = ""
-            per_request = {r.request_id: r.num_preemptions for r in engine.requests.values() if r.num_preemptions}
             if key == "preempted_requests" and g == want["preemptions"]:
                 hint = " That is the number of preemption events; count the distinct requests that were preempted."
             elif g == 0 and w > 0:
@@ -273,20 +291,20 @@ def failure_reasons(result) -> dict:
 
 def _validated_config(got):
     name = "break_it_config()"
-    expect(isinstance(got, dict), f"{name} must return a dict with keys users, kv_tokens, max_tokens, watermark; "
-                                  f"got {type(got).__name__}")
+    expect(type(got) is dict, lambda: f"{name} must return a dict with keys users, kv_tokens, max_tokens, watermark; "
+                                      f"got {kind_of(got)}")
     for key in ("users", "kv_tokens", "max_tokens", "watermark"):
-        expect(key in got, f"{name} needs the key {key!r} (got keys {sorted(got)})")
+        expect(key in got, lambda: f"{name} needs the key {key!r} (got keys {sorted(show(k) for k in got)})")
     for key, (lo, hi) in BREAK_IT_LIMITS.items():
         value = got[key]
-        expect(isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi,
-               f"{name}[{key!r}] must be an int in [{lo}, {hi}], got {value!r}")
+        expect(type(value) is int and lo <= value <= hi,
+               lambda: f"{name}[{key!r}] must be an int in [{lo}, {hi}], got {show(value)}")
     expect(got["kv_tokens"] % BREAK_IT_PAGE_SIZE == 0,
            f"{name}['kv_tokens'] must be whole pages of {BREAK_IT_PAGE_SIZE} tokens, got {got['kv_tokens']}")
-    w = got["watermark"]
-    expect(isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 <= w < 1.0,
-           f"{name}['watermark'] must be a fraction of the pool in [0, 1), got {w!r}")
-    return {k: got[k] for k in ("users", "kv_tokens", "max_tokens", "watermark")}
+    w = plain_float(got["watermark"])
+    expect(w is not None and 0.0 <= w < 1.0,
+           lambda: f"{name}['watermark'] must be a fraction of the pool in [0, 1), got {show(got['watermark'])}")
+    return {"users": got["users"], "kv_tokens": got["kv_tokens"], "max_tokens": got["max_tokens"], "watermark": w}
 
 
 @check("break_it_config")
@@ -376,6 +394,7 @@ def _recompute_unit(impl, seed):
     model = fixtures.scripted_model_config()
     engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=64, max_num_seqs=3, max_num_batched_tokens=64,
                                            admission="none", enable_prefix_caching=True), scheduler=impl)
+    ledger = RunnerLedger(engine)
     shared = [5 + rng.randrange(40) for _ in range(8)]
     engine.add_request(shared + [7, 8, 9], SamplingParams(max_tokens=30), request_id="a", scripted_output_len=30)
     engine.step()  # a's prompt: its two full pages are registered in the prefix cache
@@ -388,10 +407,13 @@ def _recompute_unit(impl, seed):
     expect([r.request_id for r in s.running] == ["a", "b", "c"] and [r.request_id for r in s.waiting] == ["d"],
            f"{RECOMPUTE} (internal): unexpected queues {_state(engine)}")
     before = _state(engine)
-    victim = call(f"{RECOMPUTE}.choose_victim()", s.choose_victim)
-    expect(_state(engine) == before, f"{RECOMPUTE}.choose_victim() changed the engine's state: it must only answer "
-                                     "(the give-back is preempt's job, and the scheduler may ask without preempting)")
+    # Who the youngest is, before the student's code runs (it can reach the requests' admit_seq).
     youngest = max((r for r in s.running if r.finish_reason is None), key=lambda r: r.admit_seq)
+    admitted = {rid: r.admit_seq for rid, r in engine.requests.items()}
+    victim = call(f"{RECOMPUTE}.choose_victim()", s.choose_victim)
+    expect(_state(engine) == before and {rid: r.admit_seq for rid, r in engine.requests.items()} == admitted,
+           f"{RECOMPUTE}.choose_victim() changed the engine's state: it must only answer "
+           "(the give-back is preempt's job, and the scheduler may ask without preempting)")
     expect(victim is youngest, lambda: f"{RECOMPUTE}.choose_victim() with running {_who(s.running)} returned "
                                        f"{getattr(victim, 'request_id', victim)!r}; expected the most recently "
                                        f"admitted request still generating, {youngest.request_id!r}: it has done "
@@ -445,6 +467,7 @@ def _recompute_unit(impl, seed):
     drive(engine, f"{RECOMPUTE} (after preempting b by hand, the engine finishing the run)", max_steps=400)
     expect(engine.requests["b"].num_output_tokens == 30, f"{RECOMPUTE}: after being preempted, b must still produce all "
                                                          f"30 tokens, got {engine.requests['b'].num_output_tokens}")
+    ledger.expect_requests_match(engine, f"{RECOMPUTE} (after preempting b by hand, the engine finishing the run)")
 
 
 class _StepWatch:
@@ -487,15 +510,17 @@ class _StepWatch:
         self.before = after
 
 
-def _thrash(sched, seed, prefix_caching, label, allow):
+def _thrash(sched, seed, prefix_caching, label, allow, greedy=True):
     model = fixtures.random_model(seed)
     rng = random.Random(seed * 31 + prefix_caching)
     vocab = model.config.vocab_size
     head = fixtures.random_prompts(rng, 1, vocab, lo=8, hi=8)[0] if prefix_caching else []
     prompts = [head + p for p in fixtures.random_prompts(rng, 6, vocab, lo=3, hi=9)]
+    want = fixtures.greedy(model, prompts, 12) if greedy else None  # before any scheduler of the student's runs
     engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=14, max_num_seqs=6, max_num_batched_tokens=32,
                                            admission="none", preemption="recompute",
                                            enable_prefix_caching=prefix_caching), scheduler=sched)
+    ledger = RunnerLedger(engine)
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=12), request_id=f"r{i}")
     watch = _StepWatch(engine, label)
@@ -507,16 +532,15 @@ def _thrash(sched, seed, prefix_caching, label, allow):
                 raise
             fail(f"{exc} If your choose_victim does take the youngest: does your preempt change self.running in "
                  "place? A new list leaves the scheduler walking the old one, the victim still in it")
-    return engine, prompts, watch
+    return engine, want, watch, ledger
 
 
 def _recompute_engine(impl, seed, allow):
     for prefix_caching in (False, True):
         label = ("6 requests of 12 tokens in a 14-page pool" +
                  (", prefix caching on (the prompts share 8 tokens)" if prefix_caching else ""))
-        mine, prompts, watch = _thrash(impl, seed, prefix_caching, label, allow)
-        theirs, _, _ = _thrash(_scheduler_classes()[0], seed, prefix_caching, label, True)
-        want = fixtures.greedy(mine.model, prompts, 12)
+        mine, want, watch, ledger = _thrash(impl, seed, prefix_caching, label, allow)
+        theirs, _, _, _ = _thrash(_scheduler_classes()[0], seed, prefix_caching, label, True, greedy=False)
         for i, w in enumerate(want):
             got = mine.requests[f"r{i}"].output_token_ids
             expect(got == w, f"{RECOMPUTE} ({label}): request r{i} (preempted {mine.requests[f'r{i}'].num_preemptions} "
@@ -537,6 +561,8 @@ def _recompute_engine(impl, seed, allow):
         expect(mine.pool.num_free_pages == mine.pool.num_pages,
                f"{RECOMPUTE} ({label}): after every request finished, {mine.pool.num_pages - mine.pool.num_free_pages} "
                "pages are still held: a victim's pages leaked")
+        # The requests' tokens and counters are within the scheduler's reach: hold them to the engine's own record.
+        ledger.expect_requests_match(mine, f"{RECOMPUTE} ({label})", preemptions=True)
 
 
 @check(RECOMPUTE, allowed_bases=_scheduler_classes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,9 +119,19 @@ class AttackCase:
     honest: bool = field(default=False)  # an honest submission: its grade must not move
 
 
+def only_areas() -> set[str] | None:
+    """ATTACK_AREAS=replay,inert: a development run of those areas' cases alone (with the honest
+    submissions); unset (as in CI): every attack of test_grade_attacks.py and every area."""
+    value = os.environ.get("ATTACK_AREAS", "").strip()
+    return {a.strip() for a in value.split(",") if a.strip()} or None
+
+
 def all_cases() -> list[AttackCase]:
     cases: list[AttackCase] = []
+    areas = only_areas()
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if areas is not None and info.name not in areas:
+            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         cases += getattr(module, "CASES", [])
     names = [c.name for c in cases]
