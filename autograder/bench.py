@@ -3,8 +3,7 @@
 Grades the perfect submission of every course notebook (the solutions handed in through the
 released notebooks, as the round trip does) with `python -m autograder grade`'s own code, as a
 batch with `--jobs N`, and prints per notebook the grader's `duration_s` and its phases
-(`entry["timings"]`: the sandbox run split into kernel start, the grader's setup cell, the
-notebook's own cells, the graded test cells; the replay; the scan and fingerprints), then the
+(`entry["timings"]`: restore and scan, the sandbox run, the replay, the evidence and scoring), then the
 median, the batch's wall time per notebook, and what a course of 1,600 notebooks would take at
 that rate. The load average is printed with it: on a shared machine it moves every number.
 """
@@ -19,8 +18,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("prepare_s", "sandbox_s", "runner_start_s", "setup_cell_s", "given_cells_s", "answer_cells_s",
-          "test_cells_s", "replay_s", "evidence_s")
+# grade_notebook's own clock: restore + scan + source fingerprints; the sandbox (runner and kernel
+# start, every cell, the record written); the replay in its child; copy evidence, scoring, feedback.
+PHASES = ("prepare_s", "sandbox_s", "replay_s", "evidence_s")
 
 
 def _submissions(base: Path, notebooks: list[str], copies: int, source_dir: Path) -> list[Path]:

@@ -266,8 +266,14 @@ class Copy:
     matched: Function
 
     def evidence(self) -> dict:
+        # course_lib ships with the course: its code may sit beside the student's. The answer key's
+        # never leaves the instructor's side (the feedback page is the student's): its place is named.
+        public = self.matched.where.startswith("course_lib")
+        matched_code = self.matched.source[:MAX_CODE_CHARS] if public else (
+            f"# {self.matched.where}: the answer key's code is not shown in feedback; the instructor finds it "
+            "in autograder/reference/ or autograder/controls/")
         return {"where": self.where, "student_code": self.student_code[:MAX_CODE_CHARS],
-                "matched": matched_name(self.matched), "matched_code": self.matched.source[:MAX_CODE_CHARS]}
+                "matched": matched_name(self.matched), "matched_code": matched_code}
 
 
 def _label(function: Function) -> str:
@@ -312,10 +318,13 @@ def code_copies(records, cells: list[tuple[int, str]], given: Given) -> list[Cop
     for (exercise, qualname, code_hash), seed_list in seeds.items():
         match = table.by_code[code_hash]
         own = mine.get(code_hash)
+        # The name shown is the student's own function's (from their cells) or the matched one's: never
+        # the record's text, which the student's code can write (a channel out of the sandbox).
+        name = own.where.split(": ", 1)[-1] if own is not None else f"a function built at run time like {match.name}"
         student_code = own.source if own is not None else (
-            f"# {qualname}: no cell of the notebook defines this code as written; it was built at run time "
+            f"# {match.name}: no cell of the notebook defines this code as written; it was built at run time "
             "(exec, compile, a class assembled in code)")
-        where = f"check_{exercise}(seed={', '.join(dict.fromkeys(seed_list))}): {qualname}"
+        where = f"check_{exercise}(seed={', '.join(dict.fromkeys(seed_list))}): {name}"
         found.append(Copy(f"{where} runs the same bytecode as {_label(match)}", where, student_code, match))
     return found[:MAX_COPIES]
 

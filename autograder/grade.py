@@ -882,6 +882,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     """Grade one submission against its source. Returns (result entry, executed notebook).
     `sandbox`: True (bwrap, required), False (unsafe: a plain subprocess), None: bwrap if available."""
     from . import fingerprint
+    from .counterpart_refs import counterpart_references
     from . import sandbox as sb
     from .hidden_seeds import hide_in, keyed_source
     from .verdict import Redactor, cell_plan, cell_verdict, replay_budget, replay_plan
@@ -925,9 +926,12 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
                                if f.split(": ", 1)[-1] not in given_review]
             student_cells.append((index, cell.get("source", "")))
     copies = fingerprint.source_copies(student_cells, given)
+    entry["flags"] += counterpart_references(student_cells, "\n".join(given.cells))
     plans = {grade_id(c): cell_plan(c.get("source", ""), hidden_line_ranges(c.get("source", ""))) for c in nb.cells
              if is_test_cell(c)}
     guard_name = f"__autograder_{secrets.token_hex(6)}__" if guard else None
+    timings = entry["timings"] = {"prepare_s": round(time.monotonic() - started, 2)}  # where the time goes
+    mark = time.monotonic()
     nb, status, log, records, problems, tokens, changed = run_in_sandbox(
         nb, Path(path), timeout=timeout, kernel_name=kernel_name, budget_s=budget_s, sandbox=sandbox,
         tokens_guard=guard_name)
@@ -938,7 +942,9 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
         why = next((f"{o.get('ename')}: {o.get('evalue')}" for o in setup.get("outputs", [])
                     if o.get("output_type") == "error"), status.get(0))
         entry["errors"].append(f"the grader's setup cell failed ({why}): the graded cells could not be checked")
+    timings["sandbox_s"], mark = round(time.monotonic() - mark, 2), time.monotonic()
     verdict = replay_plan(plans, records, budget_s=replay_budget(budget_s, time.monotonic() - started))
+    timings["replay_s"], mark = round(time.monotonic() - mark, 2), time.monotonic()
     results, records = verdict.results, verdict.entries  # records: each line's evidence, from the replay's process
     entry["errors"] += verdict.problems
     entry["flags"] += verdict.flags
@@ -988,6 +994,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     nb.cells = [c for c in nb.cells if not c.get("metadata", {}).get("autograder", {}).get("setup")]
     entry["score"] = sum(c["score"] for c in entry["cells"])
     entry["max_score"] = sum(c["max_score"] for c in entry["cells"]) or entry["max_score"]
+    timings["evidence_s"] = round(time.monotonic() - mark, 2)
     entry["duration_s"] = round(time.monotonic() - started, 1)
     nb.metadata["autograder"] = {"hidden_lines": hidden}
     shown = {p.seed for ps in plans.values() for p in ps if not p.hidden}

@@ -61,6 +61,14 @@ def _counterpart_code(exercise: str):
     return getattr(value, "__code__", None)
 
 
+def counterpart_modules(exercise: str) -> set[str]:
+    """The course_lib module(s) whose calls the recorder notes for this exercise (by name)."""
+    from .exercises import BY_ADAPTER
+
+    e = BY_ADAPTER.get(exercise)
+    return {e.counterpart.split(":")[0]} if e is not None and e.counterpart else set()
+
+
 def _counterpart_files(exercise: str) -> dict[str, str]:
     from .exercises import BY_ADAPTER
 

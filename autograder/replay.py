@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class Record:
     problems: list[str] = field(default_factory=list)  # what was wrong with it (for the errors)
     refused: dict[tuple[str, int], str] = field(default_factory=dict)  # (exercise, seed) -> why its line is a zero
     flags: list[str] = field(default_factory=list)  # evidence the record was edited
+    ignored: int = 0  # lines for checks no test cell calls (shown as a count, never by their text)
 
 
 def load_record(path) -> tuple[bytes | None, list[str]]:
@@ -96,6 +98,36 @@ def edited(entry: dict) -> list[str]:
             f"{', '.join(repr(m) for m in missing)} the recorder always writes)"]
 
 
+def _asked(key, wanted):
+    """The line's (exercise, seed) when a test cell asks for it; None (shown as "record line N") else."""
+    return key if key is None or wanted is None or key in wanted else None
+
+
+# What the recorder writes for a call into an exercise's counterpart (record.ReferenceWatch._note):
+# "<course_lib module>.<function> (another thread | called by your code)". Anything else in that
+# field is the student's text and is dropped, so the field cannot carry what their code saw.
+_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]{0,60}(?:\.[A-Za-z_][A-Za-z0-9_]{0,60}){0,6}) "
+                   r"\((?:another thread|called by your code)\)")
+
+
+def recorder_calls(entry: dict) -> list[str] | None:
+    """The line's counterpart calls as the recorder writes them, for the exercise's own counterpart."""
+    from .record import counterpart_modules
+
+    calls = entry.get("thread_reference_calls")
+    if not isinstance(calls, list):
+        return calls if calls is None else None
+    modules = counterpart_modules(entry["exercise"])
+    kept = []
+    for call in calls[:20]:
+        m = _CALL.fullmatch(call) if isinstance(call, str) else None
+        module, _, name = m.group(1).rpartition(".") if m else ("", "", "")
+        # (and the function is one of that module's own: a made-up name would be a message)
+        if module in modules and callable(getattr(sys.modules.get(module), name, None)):
+            kept.append(call)
+    return kept
+
+
 def parse_record(raw: bytes | None, wanted=None) -> Record:
     """Parse a record's bytes with the limits. `wanted`: the (exercise, seed) pairs to replay; the
     events of other lines (and of a pair's fifth line on) are dropped after their evidence is read."""
@@ -120,18 +152,24 @@ def parse_record(raw: bytes | None, wanted=None) -> Record:
         elif nesting_depth(line) > MAX_DEPTH:
             why = f"is nested deeper than {MAX_DEPTH} levels (the recorder never writes that)"
         if why:
-            _refuse(rec, _named(line), lineno, why)
+            _refuse(rec, _asked(_named(line), wanted), lineno, why)
             continue
         try:
             entry = json.loads(line)
         except (ValueError, UnicodeDecodeError, RecursionError):
-            _refuse(rec, _named(line), lineno, "is not JSON")
+            _refuse(rec, _asked(_named(line), wanted), lineno, "is not JSON")
             continue
         if not (isinstance(entry, dict) and isinstance(entry.get("exercise"), str) and len(entry["exercise"]) <= 100
                 and type(entry.get("seed")) is int and isinstance(entry.get("events"), list)):
-            _refuse(rec, _named(line), lineno, "is malformed")
+            _refuse(rec, _asked(_named(line), wanted), lineno, "is malformed")
             continue
         key = (entry["exercise"], entry["seed"])
+        if wanted is not None and key not in wanted:
+            # A line for a check no test cell calls: nothing of it is shown (its names and evidence
+            # are the student's text, and the student's code saw the hidden inputs).
+            rec.ignored += 1
+            continue
+        entry["thread_reference_calls"] = recorder_calls(entry)
         if len(entry["events"]) > MAX_EVENTS:
             _refuse(rec, key, lineno, f"holds {len(entry['events'])} events, over the limit of {MAX_EVENTS}")
             continue
@@ -140,6 +178,8 @@ def parse_record(raw: bytes | None, wanted=None) -> Record:
         if (wanted is not None and key not in wanted) or seen[key] > 4:
             entry["events"] = None  # evidence only: never replayed
         rec.entries.append(entry)
+    if rec.ignored:
+        rec.problems.append(f"{rec.ignored} record line(s) name checks that no test cell calls: ignored")
     return rec
 
 

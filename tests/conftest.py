@@ -15,6 +15,9 @@ if not torch.cuda.is_available():
 from course_lib.model.random_init import random_model as _random_model
 from course_lib.model.transformer import Transformer
 
+# Notebooks under tests/data are submissions the grader's tests grade, not notebooks for nbval to run.
+collect_ignore_glob = ["data/*"]
+
 # The test models are tiny: one thread is faster than two fighting over a shared 2-core machine.
 torch.set_num_threads(1)
 
