@@ -108,18 +108,13 @@ def _hidden_seed_literals(source: str):
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return []
+    from .verdict import check_calls
+
     found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        if not name.startswith("check_") or not node.args:
-            continue
-        seed = next((k.value for k in node.keywords if k.arg == "seed"), node.args[1] if len(node.args) > 1 else None)
+    for exercise, seed, _ in check_calls(tree):
         if (isinstance(seed, ast.Constant) and type(seed.value) is int and seed.lineno == seed.end_lineno
                 and any(first <= seed.lineno <= last for first, last in ranges)):
-            found.append((seed.lineno, seed.col_offset, seed.end_col_offset, name.removeprefix("check_"), seed.value))
+            found.append((seed.lineno, seed.col_offset, seed.end_col_offset, exercise, seed.value))
     return found
 
 

@@ -25,6 +25,19 @@ class Planned:
     hidden: bool
 
 
+def check_calls(tree):
+    """(exercise, the seed's node or None, the call) for every `check_<exercise>(impl, ...)` in `tree`."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if not name.startswith("check_") or not node.args:
+            continue
+        seed = next((k.value for k in node.keywords if k.arg == "seed"), node.args[1] if len(node.args) > 1 else None)
+        yield name.removeprefix("check_"), seed, node
+
+
 def cell_plan(source: str, hidden_ranges: list[tuple[int, int]]) -> list[Planned]:
     from .exercises import BY_ADAPTER
 
@@ -33,15 +46,7 @@ def cell_plan(source: str, hidden_ranges: list[tuple[int, int]]) -> list[Planned
     except (SyntaxError, ValueError, RecursionError):
         return []
     calls = []  # (exercise, literal seed or None when not a literal, line)
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        if not name.startswith("check_") or not node.args:
-            continue
-        exercise = name.removeprefix("check_")
-        seed_node = next((k.value for k in node.keywords if k.arg == "seed"), node.args[1] if len(node.args) > 1 else None)
+    for exercise, seed_node, node in check_calls(tree):
         e = BY_ADAPTER.get(exercise)
         visible = e.visible_seed if e else 0
         if seed_node is None:

@@ -4,7 +4,11 @@ course_lib counterpart from the table of exercises, and (exercise, implementatio
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import shutil
+import sys
 import time
+from pathlib import Path
 
 from autograder.checks import get_check
 from autograder.exercises import BY_ADAPTER
@@ -31,3 +35,29 @@ def counterpart(exercise: str):
 def cases(exercises, table: dict) -> list[tuple]:
     """(exercise, implementation) for every implementation `table` lists for these exercises."""
     return [(ex, impl) for ex in exercises for impl in table[ex]]
+
+
+def student_module_loader(folder: Path, prefix: str):
+    """`load(kind, module)`: autograder/<kind>/<module>.py imported from a copy in `folder`, as a
+    student's module (its functions' files are the student's, not the grader's); `load.forget()`
+    drops them from sys.modules."""
+    root = Path(__file__).resolve().parents[1] / "autograder"
+    loaded = {}
+
+    def load(kind, module):
+        name = f"{prefix}_{kind}_{module}"
+        if name not in loaded:
+            path = folder / f"{name}.py"
+            shutil.copy(root / kind / f"{module}.py", path)
+            spec = importlib.util.spec_from_file_location(name, path)
+            loaded[name] = importlib.util.module_from_spec(spec)
+            sys.modules[name] = loaded[name]
+            spec.loader.exec_module(loaded[name])
+        return loaded[name]
+
+    def forget():
+        for name in loaded:
+            sys.modules.pop(name, None)
+
+    load.forget = forget
+    return load

@@ -24,42 +24,24 @@ autograder's reference before anything else).
 """
 from __future__ import annotations
 
-import importlib.util
 import random
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
+from check_support import student_module_loader
 import torch
 
 from autograder import record
 from autograder.checks import get_check
 from autograder.replay import read_records, replay
 
-ROOT = Path(__file__).resolve().parents[1] / "autograder"
 
 
 @pytest.fixture(scope="module")
 def student_copy(tmp_path_factory):
     """`student_copy(kind, module)`: autograder/<kind>/<module>.py imported from a copy, as a student's module."""
-    folder = tmp_path_factory.mktemp("submission")
-    loaded = {}
-
-    def load(kind, module):
-        name = f"tampering_{kind}_{module}"
-        if name not in loaded:
-            path = folder / f"{name}.py"
-            shutil.copy(ROOT / kind / f"{module}.py", path)
-            spec = importlib.util.spec_from_file_location(name, path)
-            loaded[name] = importlib.util.module_from_spec(spec)
-            sys.modules[name] = loaded[name]
-            spec.loader.exec_module(loaded[name])
-        return loaded[name]
-
+    load = student_module_loader(tmp_path_factory.mktemp("submission"), "tampering")
     yield load
-    for name in loaded:
-        sys.modules.pop(name, None)
+    load.forget()
 
 
 @pytest.fixture(scope="module")
