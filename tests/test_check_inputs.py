@@ -316,7 +316,7 @@ def attention_reading_garbage_values(student_copy):
         k_cache.nan_to_num_()
         v_cache.nan_to_num_()
         num_seqs, num_heads, head_dim = q.shape
-        page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+        num_kv_heads = k_cache.shape[2]
         tables = block_tables.long()
         k = k_cache[tables].reshape(num_seqs, -1, num_kv_heads, head_dim)  # every page of every table
         v = v_cache[tables].reshape(num_seqs, -1, num_kv_heads, head_dim)
