@@ -4,6 +4,8 @@
 SchedulerOutput can then carry it as it is, and it stays what it was in that step."""
 from __future__ import annotations
 
+from .slots import slot_mapping
+
 
 class PageTable:
     __slots__ = ("pages", "page_size")
@@ -21,9 +23,7 @@ class PageTable:
         return max(0, -(-num_tokens // self.page_size) - len(self.pages))
 
     def slot(self, position: int) -> int:
-        page = self.pages[position // self.page_size]
-        return page * self.page_size + position % self.page_size
+        return slot_mapping(self.pages, self.page_size, position, 1)[0]
 
     def slots(self, start: int, count: int) -> list[int]:
-        ps, pages = self.page_size, self.pages
-        return [pages[p // ps] * ps + p % ps for p in range(start, start + count)]
+        return slot_mapping(self.pages, self.page_size, start, count)

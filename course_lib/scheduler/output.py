@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..kv.slots import slot_mapping
 from .sampling import SamplingParams
 
 
@@ -38,9 +39,8 @@ class ScheduledRequest:
 
     def slots(self, page_size: int) -> list[int]:
         """Where the new tokens' K/V go (the slot mapping): position p sits in page
-        page_ids[p // page_size] at offset p % page_size."""
-        pages, ps = self.page_ids, page_size
-        return [pages[p // ps] * ps + p % ps for p in range(self.start, self.start + self.num_new_tokens)]
+        page_ids[p // page_size] at offset p % page_size (`kv.slots.slot_mapping`, the one formula)."""
+        return slot_mapping(self.page_ids, page_size, self.start, self.num_new_tokens)
 
 
 @dataclass

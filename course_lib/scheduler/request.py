@@ -44,8 +44,26 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at (latest) admission
+    # Behind the `num_cached_tokens` property below, which keeps it within the prompt.
+    _num_cached_tokens: int = field(default=0, repr=False)
     admit_seq: int = -1  # order of (latest) admission: the youngest is preempted first
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache at the request's (latest) admission: at
+        most its prompt length."""
+        return self._num_cached_tokens
+
+    @num_cached_tokens.setter
+    def num_cached_tokens(self, num_tokens_in_cached_pages: int) -> None:
+        # The scheduler's `_admit` sets it to the tokens the request's cached pages hold, which is
+        # also how far its progress jumps. After a preemption the request is re-admitted over its
+        # prompt *and* the tokens it already generated, and the pages it filled with those may
+        # still be cached: the hit then reaches past the prompt (40 cached tokens for a 14-token
+        # prompt), and the metrics' cached-token fraction would exceed 1. Cached pages always
+        # cover a leading run of prompt + output, so the prompt's share of them is this minimum.
+        # (The KV manager's `hit_tokens` counts the same share.)
+        self._num_cached_tokens = min(num_tokens_in_cached_pages, self.num_prompt_tokens)
 
     @property
     def num_prompt_tokens(self) -> int:

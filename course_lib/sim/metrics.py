@@ -17,6 +17,10 @@ Definitions (the usual serving-benchmark ones):
 - Percentiles use `numpy.percentile` with its default linear interpolation between order
   statistics (p50 of [1, 2, 3, 4] is 2.5).
 - Throughput divides by the makespan: first arrival to last finish, all requests.
+- cached_token_frac = sum of num_cached_tokens / sum of prompt tokens, all requests: each
+  request's prompt tokens served from the prefix cache at its latest admission, at most its
+  prompt (`Request.num_cached_tokens`), so the fraction is within [0, 1]. It differs from
+  prefix_hit_rate, which counts every admission (a preempted request is looked up again).
 - Latency statistics and output tokens count *completed* requests only (finished normally:
   not failed, not aborted); a failed request has no meaningful latency.
 - Step-level means (KV utilisation, waste, queue length) weight each step by its duration,
