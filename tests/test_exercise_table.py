@@ -136,3 +136,91 @@ def test_docs_exercises_md_is_built_from_the_table_and_the_notebook_pages():
     result = subprocess.run([sys.executable, "scripts/build_exercises_doc.py", "--check"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, f"{result.stdout}{result.stderr}"
+
+
+# ---------------------------------------------------------------------------------------------
+# What is generated from the table (scripts/regenerate.py runs every generator)
+# ---------------------------------------------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import build_grading_tables  # noqa: E402  (scripts/)
+import regenerate  # noqa: E402  (scripts/)
+
+
+def test_docs_grading_md_tables_are_built_from_the_table():
+    result = subprocess.run([sys.executable, "scripts/build_grading_tables.py", "--check"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"{result.stdout}{result.stderr}"
+
+
+def test_a_stale_or_missing_block_of_docs_grading_md_is_named(tmp_path):
+    doc = (ROOT / "docs" / "grading.md").read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| `nb03_paged_kv` | `check_"))
+    stale = tmp_path / "stale.md"
+    stale.write_text(doc.replace(row + "\n", ""), encoding="utf-8")  # a check table that lost a notebook
+    script = [sys.executable, "scripts/build_grading_tables.py", "--check", "--doc"]
+    done = subprocess.run(script + [str(stale)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and "out of date in: check-table:" in done.stdout, done.stdout + done.stderr
+    unmarked = tmp_path / "unmarked.md"
+    unmarked.write_text(doc.replace(build_grading_tables.end_marker("definitions"), ""), encoding="utf-8")
+    done = subprocess.run(script + [str(unmarked)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and "definitions: expected one" in done.stdout, done.stdout + done.stderr
+    fixed = subprocess.run(script[:2] + ["--doc", str(stale)], cwd=ROOT, capture_output=True, text=True)
+    assert fixed.returncode == 0 and stale.read_text(encoding="utf-8") == doc, fixed.stdout + fixed.stderr
+
+
+def test_every_exercise_has_a_row_in_the_mutation_report():
+    rows = build_grading_tables.load_report()["rows"]
+    adapters = [e.adapter for e in EXERCISES]
+    missing = [a for a in adapters if a not in rows]
+    assert not missing, (f"no mutation testing results for {missing}: run python -m autograder mutate "
+                         f"{' '.join('--exercise ' + a for a in missing)} --json m.json, then python "
+                         "scripts/build_grading_tables.py --mutation-json m.json --machine TEXT")
+    assert not set(rows) - set(adapters), f"docs/mutation_report.json has rows of removed exercises: {set(rows) - set(adapters)}"
+
+
+def test_a_merged_mutate_report_replaces_its_exercises_rows_and_is_shown_as_its_own_run():
+    report = build_grading_tables.load_report()
+    run = {"date": "2027-01-02 03:04", "seconds": 12.5, "jobs": 1, "summary": [
+        {"exercise": "slot_mapping", "module": "nb03_paged_kv", "generated": 60, "killed": 59, "survived": 1,
+         "equivalent": 0, "kill_rate": 59 / 60}]}
+    merged = build_grading_tables.merge(report, run, "a test machine")
+    assert merged["rows"]["slot_mapping"] == {"generated": 60, "killed": 59, "survived": 1, "equivalent": 0, "run": 1}
+    assert list(merged["rows"]) == [e.adapter for e in EXERCISES] and len(merged["runs"]) == 2
+    table = build_grading_tables.mutation_table(merged)
+    assert table.startswith("Merged from 2 runs") and "a test machine" in table
+    assert "| `slot_mapping` | 60 | 59 | 1 | 0 | 98.3% |" in table
+    assert report == build_grading_tables.load_report(), "merge must not change the report it is given"
+    with pytest.raises(SystemExit, match="not in autograder/exercises.py"):
+        build_grading_tables.merge(report, dict(run, summary=[dict(run["summary"][0], exercise="nope")]), "m")
+
+
+def test_a_wrapped_definition_never_starts_a_line_like_a_list():
+    text = "x" * 101 + " - 1 gaps and `a code span that stays on one line` " + "y " * 60
+    item = build_grading_tables.list_item(text)
+    assert all(not line.lstrip().startswith("- ") for line in item.splitlines()[1:]), item
+    assert "`a code span that stays on one line`" in item
+
+
+def test_regenerate_check_passes_on_the_repository():
+    """Every generator in its --check mode (about 8-12 s: nbgrader regenerates the eight notebooks)."""
+    done = subprocess.run([sys.executable, "scripts/regenerate.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [g.script for g in regenerate.GENERATORS] == ["generate_notebooks.py", "extract_references.py",
+                                                         "build_exercises_doc.py", "build_grading_tables.py"]
+
+
+def test_regenerate_names_what_is_stale_and_stops_writing_at_a_failure(tmp_path, capsys):
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "stale.py").write_text("import sys\nprint('out of date: thing.txt')\nsys.exit(1)\n")
+    (scripts / "after.py").write_text("import pathlib, sys\npathlib.Path(sys.argv[0]).with_name('ran').touch()\n")
+    generators = [regenerate.Generator("stale.py", "thing.txt"), regenerate.Generator("after.py", "other.txt")]
+    problems = regenerate.run(generators, check=True, root=tmp_path)
+    assert len(problems) == 1 and "thing.txt" in problems[0] and "out of date: thing.txt" in problems[0], problems
+    assert (scripts / "ran").exists(), "--check runs every generator"
+    (scripts / "ran").unlink()
+    problems = regenerate.run(generators, check=False, root=tmp_path)
+    assert len(problems) == 1 and "stale.py failed" in problems[0], problems
+    assert not (scripts / "ran").exists(), "a generator after a failing one must not run (it may read its output)"

@@ -1,0 +1,82 @@
+"""Every exercise of the table (autograder/exercises.py) graded the way `python -m autograder grade`
+grades it: the check call recorded through the membrane, as the sandbox records it, then replayed
+against the grader's own check, whose verdict counts. The other fast tests call the checks directly
+with `_allow_reference=True`, which bypasses the membrane, so an exercise could pass them and still
+fail in real grading (a grader list its code mutates on a copy, a callback the replay refuses).
+
+For each exercise, on its visible seed: the generated reference passes in the kernel and on replay;
+the first hand-written mutant of its list (autograder/mutants/<module>.py) fails in both, with the
+same message, from the check itself (not from a record that diverged). The implementations are
+loaded from copies outside the autograder, as a student's code is (otherwise the check would refuse
+them as the autograder's answer key before anything else). Kernel-free: about 20 s for all 25
+exercises on a 2-core machine (StudentScheduler and budget_sweep are the slowest, ~3 s each).
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from check_support import student_module_loader
+
+from autograder import record
+from autograder.checks import get_check
+from autograder.exercises import EXERCISES
+from autograder.replay import read_records, replay
+
+
+@pytest.fixture(scope="module")
+def student_copy(tmp_path_factory):
+    """`student_copy(kind, module)`: autograder/<kind>/<module>.py imported from a copy, as a student's module."""
+    load = student_module_loader(tmp_path_factory.mktemp("submission"), "roundtrip")
+    yield load
+    load.forget()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """`recorded(exercise, impl)`: (the record entry of one check call on the visible seed, the kernel's
+    outcome: None if it passed, else the AssertionError's message), recorded as the sandbox records it."""
+    folder = tmp_path_factory.mktemp("records")
+
+    def run(exercise, impl):
+        path = folder / f"{exercise.adapter}-{impl.__name__}.jsonl"
+        record.start(str(path))
+        try:
+            get_check(exercise.adapter)(impl, seed=exercise.visible_seed)
+            outcome = None
+        except AssertionError as exc:
+            outcome = str(exc)
+        finally:
+            record.SESSION = None
+        entries, problems = read_records(path)
+        assert not problems and len(entries) == 1, problems
+        return entries[0], outcome
+
+    return run
+
+
+def first_mutant_name(exercise) -> str:
+    mutants = importlib.import_module(f"autograder.mutants.{exercise.module}").MUTANTS.get(exercise.adapter)
+    assert mutants, f"{exercise.adapter}: no mutant in autograder/mutants/{exercise.module}.py (write at least 3)"
+    return mutants[0].__name__
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.adapter)
+def test_the_reference_passes_through_the_membrane(exercise, student_copy, recorded):
+    reference = getattr(student_copy("reference", exercise.module), exercise.adapter)
+    entry, outcome = recorded(exercise, reference)
+    assert outcome is None, f"the reference fails its check while recorded: {outcome}"
+    assert replay(get_check(exercise.adapter), entry) == (True, ""), (
+        "the reference passes in the kernel but not on the grader's replay of its record")
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.adapter)
+def test_its_first_mutant_fails_through_the_membrane_with_the_same_message(exercise, student_copy, recorded):
+    mutant = getattr(student_copy("mutants", exercise.module), first_mutant_name(exercise))
+    entry, outcome = recorded(exercise, mutant)
+    assert outcome is not None, f"{mutant.__name__} passes its check while recorded"
+    ok, message = replay(get_check(exercise.adapter), entry)
+    assert not ok, f"{mutant.__name__} fails in the kernel ({outcome[:200]}) but passes on replay"
+    assert "does not answer" not in message, f"the mutant should fail the check itself, not diverge: {message}"
+    assert message == f"AssertionError: {outcome}", ("the replay's verdict differs from the kernel's:\n"
+                                                     f"kernel: {outcome}\nreplay: {message}")
