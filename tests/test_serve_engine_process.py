@@ -155,7 +155,8 @@ def test_when_the_engine_process_dies_clients_hear_why_and_health_fails():
     with ServerProcess(["--max-num-seqs", "2", "--no-dashboard"]) as srv:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             pid = engine_process_of(srv.proc.pid)
-            body = {"model": "tiny", "prompt": "reverse abc", "max_tokens": 250, "ignore_eos": True, "stream": True}
+            # 13 prompt tokens + 240 fit the 256-token context (more is refused, not clamped)
+            body = {"model": "tiny", "prompt": "reverse abc", "max_tokens": 240, "ignore_eos": True, "stream": True}
             with c.stream("POST", "/v1/completions", json=body) as r:
                 lines = r.iter_lines()
                 assert next(line for line in lines if line.startswith("data: "))

@@ -10,6 +10,10 @@ The engine steps in a process of its own (engine_process.py explains why: the in
 thread of the HTTP process instead; app.py and dashboard.py serve either one unchanged.
 
 - `protocol.py`: OpenAI request bodies -> (prompt ids, SamplingParams); error bodies.
+- `request_fields.py`: which fields are honoured, which only at their neutral value; the rest refused by name.
+- `request_body.py`: the body's size limit, enforced while reading; strict JSON (depth, finite numbers).
+- `errors.py`: `APIError`, the OpenAI error shape.
+- `stop_strings.py`: stop strings on the decoded text; a stream holds back what may begin one.
 - `engine_loop.py`: the one loop that owns the engine; commands in, token deltas out (in a thread).
 - `engine_process.py`: that loop in a process of its own, and the HTTP side's handle on it.
 - `app.py`: the Starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.

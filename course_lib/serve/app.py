@@ -27,10 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .engine_loop import ACCEPTED, Delta, EngineLoop, RequestStream
+from .engine_loop import ACCEPTED, EngineLoop, RequestStream
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from .protocol import APIError, IncrementalDecoder, error_body, finish_reason, param_of_engine_error, parse_json, \
-    parse_request
+from .protocol import APIError, error_body, finish_reason, param_of_engine_error, parse_json, parse_request
+from .request_body import body_too_large, declared_too_large, limit_body
+from .stop_strings import AnswerText
 from .sse import DONE, EventStream, frame, wait_for_disconnect
 
 
@@ -81,8 +82,9 @@ class Renderer:
         self.head = (f'{{"id":"{request_id}","object":"{self.object}","created":{self.created},'
                      f'"model":{json.dumps(self.model)},"choices":[')
 
-    def chunk(self, text: str | None, reason: str | None, token_ids=None, first=False) -> bytes:
-        if self.kind == "completion" and reason is None and token_ids is None:  # the common chunk, by hand
+    def chunk(self, text: str | None, reason: str | None, token_ids=None, first=False, usage=None) -> bytes:
+        """One SSE chunk; `usage` (the running counts) with stream_options.continuous_usage_stats."""
+        if self.kind == "completion" and reason is None and token_ids is None and usage is None:  # common: by hand
             return b"data: " + (self.head + '{"index":0,"text":' + json.dumps(text or "")
                                 + ',"logprobs":null,"finish_reason":null}]}').encode() + b"\n\n"
         if self.kind == "completion":
@@ -92,7 +94,8 @@ class Renderer:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         if token_ids is not None:
             choice["token_ids"] = token_ids
-        return frame(self.head + json.dumps(choice, separators=(",", ":")) + "]}")
+        tail = "]}" if usage is None else '],"usage":' + json.dumps(usage) + "}"
+        return frame(self.head + json.dumps(choice, separators=(",", ":")) + tail)
 
     def usage_chunk(self, usage: dict) -> bytes:
         return frame(self.head + '],"usage":' + json.dumps(usage) + "}")
@@ -111,9 +114,9 @@ class Renderer:
                 "choices": [choice], "usage": usage}
 
 
-def _usage(final: Delta) -> dict:
-    return {"prompt_tokens": final.num_prompt_tokens, "completion_tokens": final.num_output_tokens,
-            "total_tokens": final.num_prompt_tokens + final.num_output_tokens}
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def _engine_error(message: str) -> APIError:
@@ -160,15 +163,20 @@ def _gone(state: ServeState, stream: RequestStream) -> None:
 
 
 async def _events(state: ServeState, stream: RequestStream, parsed, render: Renderer):
-    decoder = IncrementalDecoder(state.tokenizer)
+    answer = AnswerText(state.tokenizer, parsed.stop, parsed.include_stop_str)
     with_ids = parsed.return_token_ids
+    num_prompt = len(parsed.prompt_token_ids)
+
+    def running_usage():  # stream_options.continuous_usage_stats: the counts so far in every chunk
+        return _usage(num_prompt, answer.num_tokens) if parsed.continuous_usage else None
+
     finished = False
     sent = None
     state.live_streams += 1
     min_tokens, held = state.stream_min_tokens, []  # held: tokens waiting for company
     try:
         if stream.kind == "chat":
-            yield render.chunk("", None, [] if with_ids else None, first=True)
+            yield render.chunk("", None, [] if with_ids else None, first=True, usage=running_usage())
         while True:
             items = [await stream.queue.get()]
             if sent is not None and items[0] is not None and not items[0].finished:
@@ -189,18 +197,25 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
                 yield frame(json.dumps(error_body(final.error or "engine error", "server_error", None,
                                                   "engine_error"))) + DONE
                 return
-            text = decoder.push(new_ids) if new_ids else ""
-            if final is None:
+            text, new_ids = answer.push(new_ids) if new_ids else ("", [])
+            if answer.stopped:  # a stop string: the answer ends here, and the engine stops working on it
+                state.loop.abort(stream.request_id)
+                reason = "stop"
+            elif final is None:
                 if text or with_ids:
                     sent = time.monotonic()
-                    yield render.chunk(text, None, new_ids if with_ids else None)
+                    yield render.chunk(text, None, new_ids if with_ids else None, usage=running_usage())
                 continue
+            else:
+                text += answer.flush()
+                reason = finish_reason(final.finish_reason)
             finished = True
             # The last chunk, the usage and [DONE] leave in one write (EventStream ends the body with
             # it): a finished stream's client hears it all at once and can send its next request.
-            last = render.chunk(text if (text or stream.kind == "completion") else None,
-                                finish_reason(final.finish_reason), new_ids if with_ids else None)
-            yield last + (render.usage_chunk(_usage(final)) if parsed.include_usage else b"") + DONE
+            last = render.chunk(text if (text or stream.kind == "completion") else None, reason,
+                                new_ids if with_ids else None, usage=running_usage())
+            usage = render.usage_chunk(_usage(num_prompt, answer.num_tokens)) if parsed.include_usage else b""
+            yield last + usage + DONE
             return
     finally:
         state.live_streams -= 1
@@ -217,15 +232,28 @@ def stream_interval(state: ServeState) -> float:
 
 
 async def _collect(state: ServeState, stream: RequestStream, parsed, render: Renderer, receive):
+    answer = AnswerText(state.tokenizer, parsed.stop, parsed.include_stop_str)
+
     async def gather():
-        ids = []
+        ids, pieces = [], []
         while True:
             delta = await stream.queue.get()
             if delta is None:
                 return None
-            ids += delta.new_token_ids
+            if parsed.stop:  # decoded as it comes, to stop the engine at the first stop string
+                text, used = answer.push(delta.new_token_ids)
+                ids += used
+                pieces.append(text)
+                if answer.stopped:
+                    state.loop.abort(stream.request_id)
+                    return ids, "".join(pieces), "stop"
+            else:  # decoded once at the end (a Hugging Face decoder re-decodes the whole answer per push)
+                ids += delta.new_token_ids
             if delta.finished:
-                return ids, delta
+                if delta.finish_reason == "error":
+                    return ids, delta.error or "engine error", "error"
+                text = "".join(pieces) + answer.flush() if parsed.stop else answer.push(ids)[0]
+                return ids, text, finish_reason(delta.finish_reason)
 
     collector = asyncio.ensure_future(gather())
     watcher = asyncio.ensure_future(wait_for_disconnect(receive))
@@ -238,11 +266,10 @@ async def _collect(state: ServeState, stream: RequestStream, parsed, render: Ren
     result = collector.result()
     if result is None:
         return Response(status_code=499)
-    ids, final = result
-    if final.finish_reason == "error":
-        return error_response(_engine_error(final.error or "engine error"))
-    text = IncrementalDecoder(state.tokenizer).push(ids)
-    body = render.full(text, finish_reason(final.finish_reason), _usage(final),
+    ids, text, reason = result
+    if reason == "error":
+        return error_response(_engine_error(text))
+    body = render.full(text, reason, _usage(len(parsed.prompt_token_ids), len(ids)),
                        ids if parsed.return_token_ids else None)
     return JSONResponse(body)
 
@@ -251,13 +278,22 @@ async def _collect(state: ServeState, stream: RequestStream, parsed, render: Ren
 class HotPaths:
     """The two generation endpoints skip Starlette's middleware stack, which wraps `send` twice
     for every chunk of every stream (~7% of the server's time under 64 streams); every other
-    path, and any other method on these, goes through Starlette as usual."""
+    path, and any other method on these, goes through Starlette as usual.
+
+    Every HTTP request's body is limited here, while it is read (request_body.py): a declared
+    length over the limit is answered at once, without reading a byte of the body; bytes past the
+    limit raise the 413 APIError from `receive`, which the handlers answer."""
 
     def __init__(self, app: Starlette, handlers: dict):
         self.app, self.handlers = app, handlers
 
     async def __call__(self, scope, receive, send):
-        handler = self.handlers.get(scope.get("path")) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if declared_too_large(scope):
+            return await error_response(body_too_large())(scope, receive, send)
+        receive = limit_body(receive)
+        handler = self.handlers.get(scope.get("path"))
         if handler is None or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         try:
@@ -313,7 +349,11 @@ def make_app(state: ServeState, dashboard: bool = True):
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
                             status_code=500)
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    async def api_error(request, exc: APIError):  # e.g. a dashboard control's body over the limit
+        return error_response(exc)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, APIError: api_error,
+                                                       Exception: server_error})
     return HotPaths(app, hot)
 
 

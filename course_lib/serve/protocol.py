@@ -1,18 +1,30 @@
 """The OpenAI wire format: request bodies in, (prompt ids, SamplingParams) out; error bodies.
 
-Every problem with a request is an `APIError`, answered as OpenAI does:
-`{"error": {"message", "type", "param", "code"}}` with an HTTP status (400 for bad input, 429
-when the queue is full). Messages name the problem and the limit.
+Every problem with a request is an `APIError` (errors.py): 400 for bad input, naming the field and
+the limit; 404 for a model this server does not serve; 413 for a body over 1 MiB (request_body.py);
+429 when the queue is full. Every field is honoured or refused, never ignored (request_fields.py
+lists which are which).
 
-What is supported, beyond the basics (`model`, `prompt` / `messages`, `max_tokens`, `temperature`,
-`top_p`, `seed`, `stream`, `stream_options.include_usage`):
+Honoured: `model`, `prompt` / `messages`, `max_tokens` (or `max_completion_tokens`),
+`temperature`, `top_p`, `seed`, `stream`, `stream_options` (`include_usage`, and vLLM's
+`continuous_usage_stats`: the running usage in every chunk), `stop`, `user` (metadata only), and
 
-- `prompt` may be a string or a list of token ids (one prompt per request: no batches);
-- extensions, as vLLM spells them: `top_k`, `ignore_eos`, `stop_token_ids`, and `return_token_ids`
-  (the answer's ids in each choice, so clients can compare tokens exactly).
+- `prompt` may be a string or a list of token ids, or a list holding one of those (one prompt per
+  request: no batches); a chat message's `content` may be a string or a list of text parts;
+- `stop`: a string or a list of up to 4; the answer ends where its text first contains one, and the
+  text is cut before it (stop_strings.py), finish_reason "stop";
+- `max_tokens` must fit the context: prompt + max_tokens <= max_model_len, or a 400 naming both
+  (as vLLM; the completion default of 16 shrinks to the room left instead);
+- `top_p` must be in (0, 1] (as vLLM: 0 would leave no token to sample; for greedy, temperature 0);
+- `seed` must be a signed 64-bit integer;
+- extensions, as vLLM spells them: `top_k`, `ignore_eos`, `stop_token_ids`,
+  `include_stop_str_in_output`, and `return_token_ids` (the answer's ids in each choice, so clients
+  can compare tokens exactly).
 
-Refused with a 400 (not silently ignored): `n` > 1, `best_of` > 1, `logprobs` / `top_logprobs`,
-`echo`, `stop` strings, non-zero presence / frequency penalties, tools.
+Accepted only at their neutral value, refused with a 400 otherwise: `n` and `best_of` (1),
+`logprobs` / `top_logprobs`, `echo`, penalties, `min_p`, `min_tokens`, `logit_bias`,
+`response_format` / guided output, `suffix`, `truncate_prompt_tokens`, `prompt_logprobs`,
+`skip_special_tokens` (true), tools. Any other field is a 400 naming it.
 
 The chat template (documented here because the tiny model has none): the tiny model knows no
 roles, only task prompts like "reverse: 58213", so a conversation's prompt is the content of its
@@ -22,30 +34,22 @@ Face tokenizer with a chat template uses `apply_chat_template`; one without gets
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from course_lib.scheduler.sampling import SamplingParams
 
-MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused (prompts here are short)
+from .errors import APIError, error_body, shown
+from .request_body import MAX_BODY_BYTES, parse_json
+from .request_fields import refuse_unsupported
 
+__all__ = ["APIError", "error_body", "parse_json", "parse_request", "MAX_BODY_BYTES", "ParsedRequest",
+           "IncrementalDecoder", "finish_reason", "param_of_engine_error"]
 
-class APIError(Exception):
-    """A request the server refuses, with everything the OpenAI error body needs."""
-
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type: str = "invalid_request_error", param=None, code=None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_STOP_CHARS = 256  # per stop string: each is looked for at every token
+MAX_STOP_TOKEN_IDS = 64  # the engine checks every sampled token against the list
 
 
 @dataclass
@@ -58,40 +62,32 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool
-
-
-def parse_json(raw: bytes) -> dict:
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(f"request body of {len(raw)} bytes is larger than the limit of {MAX_BODY_BYTES} bytes")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise APIError(f"request body is not valid JSON: {err}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise APIError(f"request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
-    return body
+    stop: list[str] = field(default_factory=list)  # stop strings (the engine sees only stop_token_ids)
+    include_stop_str: bool = False
+    continuous_usage: bool = False  # usage in every streamed chunk
 
 
 # ------------------------------------------------------------------------------------ fields
-def _integer(body, name, default=None, minimum=None):
+def _integer(body, name, default=None, minimum=None, maximum=None, limit_words=""):
     value = body.get(name, default)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise APIError(f"{name} must be an integer, got {value!r}", param=name)
-    if minimum is not None and value < minimum:
-        raise APIError(f"{name} must be >= {minimum}, got {value}", param=name)
+        raise APIError(f"{name} must be an integer, got {shown(value)}", param=name)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        limit = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise APIError(f"{name} must be {limit}{limit_words}, got {value}", param=name)
     return value
 
 
-def _number(body, name, default, lo, hi):
+def _number(body, name, default, lo, hi, lo_open=False):
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise APIError(f"{name} must be a number, got {value!r}", param=name)
-    if not lo <= value <= hi:
-        raise APIError(f"{name} must be in [{lo}, {hi}], got {value}", param=name)
+        raise APIError(f"{name} must be a number, got {shown(value)}", param=name)
+    if not (lo < value if lo_open else lo <= value) or value > hi:
+        raise APIError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}", param=name)
     return float(value)
 
 
@@ -100,77 +96,100 @@ def _flag(body, name, default=False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise APIError(f"{name} must be true or false, got {value!r}", param=name)
+        raise APIError(f"{name} must be true or false, got {shown(value)}", param=name)
     return value
 
 
-def _refuse_unsupported(body) -> None:
-    """Options we do not implement: say so instead of quietly doing something else."""
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise APIError(f"n must be 1 (one choice per request), got {n}", param="n", code="unsupported")
-    best_of = _integer(body, "best_of", 1)
-    if best_of is not None and best_of != 1:
-        raise APIError(f"best_of must be 1, got {best_of}", param="best_of", code="unsupported")
-    for name in ("logprobs", "top_logprobs"):
-        if body.get(name) not in (None, False, 0):
-            raise APIError(f"{name} is not supported by this server", param=name, code="unsupported")
-    if body.get("echo"):
-        raise APIError("echo is not supported by this server", param="echo", code="unsupported")
-    if body.get("stop") not in (None, [], ""):
-        raise APIError("stop strings are not supported; use stop_token_ids (a list of token ids)",
-                       param="stop", code="unsupported")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise APIError(f"{name} is not supported (only 0)", param=name, code="unsupported")
-    if body.get("tools") or body.get("functions"):
-        raise APIError("tools / function calling are not supported", param="tools", code="unsupported")
-
-
 def check_model(body, served_name: str) -> None:
-    """`model` must name the served model (a missing one means it, for curl users' convenience)."""
+    """`model` must name the served model (a missing one means it, for curl users' convenience).
+    Another name is a 404, as OpenAI and vLLM answer it."""
     model = body.get("model")
     if model is None:
         return
     if model != served_name:
-        raise APIError(f"unknown model {model!r}: this server serves {served_name!r} (see /v1/models)",
-                       param="model", code="model_not_found")
+        raise APIError(f"unknown model {shown(model)}: this server serves {served_name!r} (see /v1/models)",
+                       status=404, param="model", code="model_not_found")
 
 
-def _sampling(body, max_tokens_default: int) -> SamplingParams:
-    name = "max_tokens"
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
-        name = "max_completion_tokens"  # the newer chat spelling
-    max_tokens = _integer(body, name, minimum=1)
-    if max_tokens is None:
-        max_tokens = max_tokens_default
-    stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
-        raise APIError(f"stop_token_ids must be a list of integers, got {stop_ids!r}", param="stop_token_ids")
-    top_k = _integer(body, "top_k", 0, minimum=-1)
+def _max_tokens(body, prompt_len: int, max_model_len: int, default: int) -> int:
+    """`max_tokens` (or `max_completion_tokens`), which must leave the prompt room in the context."""
+    asked = {name: _integer(body, name, minimum=1) for name in ("max_tokens", "max_completion_tokens")}
+    given = {name: value for name, value in asked.items() if value is not None}
+    if len(given) == 2 and asked["max_tokens"] != asked["max_completion_tokens"]:
+        raise APIError(f"max_tokens ({asked['max_tokens']}) and max_completion_tokens "
+                       f"({asked['max_completion_tokens']}) disagree: send one", param="max_completion_tokens")
+    room = max_model_len - prompt_len
+    if not given:
+        return min(default, room) if room >= 1 else default  # a prompt with no room: the engine names its limit
+    name, value = next(iter(given.items()))
+    if room >= 1 and value > room:
+        raise APIError(f"{name} of {value} does not fit the context: the prompt has {prompt_len} tokens and "
+                       f"max_model_len is {max_model_len}, so {name} can be at most {room}",
+                       param=name, code="context_length_exceeded")
+    return value
+
+
+def _stop_token_ids(body) -> list[int]:
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t <= INT64[1] for t in ids):
+        raise APIError(f"stop_token_ids must be a list of token ids (integers >= 0), got {shown(ids)}",
+                       param="stop_token_ids")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise APIError(f"stop_token_ids has {len(ids)} ids; the limit is {MAX_STOP_TOKEN_IDS}", param="stop_token_ids")
+    return ids
+
+
+def _stop_strings(body) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise APIError(f"stop must be a string or a list of up to {MAX_STOP_STRINGS} strings, got {shown(stop)}",
+                       param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(f"stop has {len(stops)} strings; the limit is {MAX_STOP_STRINGS}", param="stop")
+    for s in stops:
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise APIError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters, got {shown(s)}",
+                           param="stop")
+    return list(dict.fromkeys(stops))
+
+
+def _sampling(body, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
-            top_k=top_k,
-            seed=_integer(body, "seed"),
-            stop_token_ids=stop_ids,
+            # vLLM's rule: top_p 0 would leave no token to sample (for greedy, send temperature 0).
+            top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+            top_k=_integer(body, "top_k", 0, minimum=-1, maximum=INT64[1]),
+            seed=_integer(body, "seed", minimum=INT64[0], maximum=INT64[1], limit_words=" (a signed 64-bit integer)"),
+            stop_token_ids=_stop_token_ids(body),
             ignore_eos=_flag(body, "ignore_eos"),
         )
-    except ValueError as err:  # SamplingParams' own checks (e.g. top_p == 0)
+    except ValueError as err:  # SamplingParams' own checks
         raise APIError(str(err)) from None
 
 
-def _stream_options(body) -> tuple[bool, bool]:
+def _stream_options(body) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage): stream_options' keys are honoured or refused too."""
     stream = _flag(body, "stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False, False
     if not isinstance(options, dict):
-        raise APIError(f"stream_options must be an object, got {options!r}", param="stream_options")
-    include_usage = bool(options.get("include_usage", False))
-    if include_usage and not stream:
+        raise APIError(f"stream_options must be an object, got {shown(options)}", param="stream_options")
+    for key in options:
+        if key not in ("include_usage", "continuous_usage_stats"):
+            raise APIError(f"stream_options.{shown(key, 40)} is not supported by this server (it honours "
+                           f"include_usage and continuous_usage_stats)", param="stream_options", code="unsupported")
+    include_usage = _flag(options, "include_usage")
+    continuous = _flag(options, "continuous_usage_stats")
+    if (include_usage or continuous) and not stream:
         raise APIError("stream_options is only allowed with stream: true", param="stream_options")
-    return stream, include_usage
+    # vLLM's rule: usage in every chunk when both are set
+    return stream, include_usage, include_usage and continuous
 
 
 # ------------------------------------------------------------------------------------ prompts
@@ -185,16 +204,22 @@ def encode_text(tokenizer, text: str, param: str) -> list[int]:
         raise APIError(f"{param} cannot be tokenized: {err}", param=param) from None
 
 
+def _token_ids(prompt) -> bool:
+    return all(type(t) is int for t in prompt)
+
+
 def completion_prompt(body, tokenizer) -> list[int]:
     if "prompt" not in body:
         raise APIError("missing required field 'prompt'", param="prompt")
     prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one (AIPerf sends its prompt so) is that prompt
     if isinstance(prompt, str):
         return encode_text(tokenizer, prompt, "prompt")
     if isinstance(prompt, list):
         if not prompt:
             raise APIError("prompt is empty: a request needs at least 1 token", param="prompt")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if _token_ids(prompt):
             return list(prompt)
         if all(isinstance(p, (str, list)) for p in prompt):
             raise APIError(f"batched prompts are not supported: send one prompt per request (got {len(prompt)})",
@@ -202,15 +227,44 @@ def completion_prompt(body, tokenizer) -> list[int]:
     raise APIError("prompt must be a string or a list of token ids", param="prompt")
 
 
-def chat_prompt(body, tokenizer) -> list[int]:
+MESSAGE_KEYS = {"role", "content", "name"}
+
+
+def _message_text(i: int, content) -> str:
+    """A message's content: a string, or a list of text parts (joined with newlines, as vLLM does)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(f"messages[{i}].content[{j}] is a {shown(kind, 30)} part: this server takes text "
+                               f"parts only ({{\"type\": \"text\", \"text\": ...}})", param="messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise APIError(f"messages[{i}].content must be a string or a list of text parts, got {shown(content)}",
+                   param="messages")
+
+
+def _messages(body) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("messages must be a non-empty list of {role, content} objects", param="messages")
+    plain = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
             raise APIError(f"messages[{i}] needs a role of system, developer, user or assistant", param="messages")
-        if not isinstance(m.get("content"), str):
-            raise APIError(f"messages[{i}].content must be a string (no images or parts)", param="messages")
+        extra = sorted(set(m) - MESSAGE_KEYS)
+        if extra:
+            raise APIError(f"messages[{i}] has {shown(extra[0], 40)}, not supported by this server (a message "
+                           f"has role, content and name)", param="messages", code="unsupported")
+        plain.append({**m, "content": _message_text(i, m.get("content"))})
+    return plain
+
+
+def chat_prompt(body, tokenizer) -> list[int]:
+    messages = _messages(body)
     if hasattr(tokenizer, "apply_chat_template") and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if not ids:
@@ -227,15 +281,17 @@ def chat_prompt(body, tokenizer) -> list[int]:
 
 def parse_request(kind: str, body: dict, tokenizer, served_name: str, max_model_len: int) -> ParsedRequest:
     """Validate an OpenAI body (`kind` "completion" or "chat"). Engine-side limits (vocabulary,
-    context, pool) are checked by the engine when the request is added; see EngineLoop."""
+    pool) are checked by the engine when the request is added; see EngineLoop."""
     check_model(body, served_name)
-    _refuse_unsupported(body)
-    stream, include_usage = _stream_options(body)
+    refuse_unsupported(body, kind)
+    stream, include_usage, continuous_usage = _stream_options(body)
+    stop = _stop_strings(body)
     prompt = completion_prompt(body, tokenizer) if kind == "completion" else chat_prompt(body, tokenizer)
     # OpenAI's defaults: 16 tokens for completions; chat answers may run to the end of the context.
     default = 16 if kind == "completion" else max(1, max_model_len - len(prompt))
-    params = _sampling(body, default)
-    return ParsedRequest(kind, prompt, params, stream, include_usage, _flag(body, "return_token_ids"))
+    params = _sampling(body, _max_tokens(body, len(prompt), max_model_len, default))
+    return ParsedRequest(kind, prompt, params, stream, include_usage, _flag(body, "return_token_ids"), stop,
+                         _flag(body, "include_stop_str_in_output"), continuous_usage)
 
 
 def param_of_engine_error(message: str, kind: str) -> str | None:
