@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # grade_notebook's own clock: restore + scan + source fingerprints; the sandbox (runner and kernel
 # start, every cell, the record written); the replay in its child; copy evidence, scoring, feedback.
 PHASES = ("prepare_s", "sandbox_s", "replay_s", "evidence_s")
+SLOW_CELLS = 4  # per notebook, in the report: where the sandbox's time went
 
 
 def _submissions(base: Path, notebooks: list[str], copies: int, source_dir: Path) -> list[Path]:
@@ -61,7 +62,8 @@ def run(notebooks: list[str] | None = None, copies: int = 1, jobs: int = 2, sour
         wall = time.monotonic() - began
         load_after = os.getloadavg()[0]
     rows = [{"notebook": e.get("notebook", e["path"]), "score": e["score"], "max_score": e["max_score"],
-             "duration_s": e.get("duration_s"), "timings": e.get("timings", {}), "errors": e.get("errors", [])}
+             "duration_s": e.get("duration_s"), "timings": e.get("timings", {}), "errors": e.get("errors", []),
+             "failed": [c["grade_id"] for c in e.get("cells", []) if c.get("score") != c.get("max_score")]}
             for e in result["notebooks"]]
     durations = [r["duration_s"] for r in rows if isinstance(r["duration_s"], (int, float))]
     per_notebook = wall / max(1, len(rows))
@@ -82,6 +84,9 @@ def report(summary: dict) -> str:
         cells += [f"{r['timings'].get(p, '')}".rjust(10) for p in PHASES]
         lines.append("  ".join(cells))
         lines += [f"    problem: {e}" for e in r["errors"][:3]]
+        lines += [f"    not full marks: {', '.join(r['failed'])}"] if r["failed"] else []
+        slow = sorted(r["timings"].get("cells_s", {}).items(), key=lambda kv: -kv[1])[:SLOW_CELLS]
+        lines += [f"    slowest cells: {', '.join(f'{i}: {s:g} s' for i, s in slow)}"] if slow else []
     lines.append(
         f"\n{summary['notebooks']} notebooks with --jobs {summary['jobs']}: {summary['wall_s']} s wall, "
         f"{summary['wall_per_notebook_s']} s per notebook; median duration_s {summary['median_duration_s']} s; "

@@ -312,8 +312,48 @@ def _not_engine(target) -> str:
     return f"the grader's {_kind(target)} is not one of the engine's own functions: it does not call it for your code"
 
 
+# A decision depends on the operation, the attribute's name and the target's class (for a call: the
+# function and its owner's class), never on the instance, and the classes it reads are the grader's
+# own, which nothing from a record can change (no class crosses as a handle). A scheduler's check asks
+# the same few thousand questions again and again (a third of the recording's time before the cache):
+# each is decided once per process.
+_DECISIONS: dict = {}
+MAX_DECISIONS = 1 << 16
+
+
+def _decision_key(op: str, name, target):
+    """What the decision on (op, name, target) depends on, or None when it is not worth a key."""
+    if op != "call":
+        return (op, name, type(target)) if name is None or type(name) is str else None
+    if isinstance(target, types.MethodType):
+        return ("method", target.__func__, type(target.__self__))
+    if isinstance(target, types.FunctionType):
+        return ("function", target)
+    if isinstance(target, types.BuiltinMethodType):
+        return ("builtin", type(getattr(target, "__self__", None)), target.__name__)
+    if isinstance(target, type):
+        return None
+    return ("instance", type(target))
+
+
 def op_refusal(op: str, name, target) -> str | None:
     """Why the grader does not do the student's `op` (with `name`) on its object `target` (None: it does)."""
+    key = _decision_key(op, name, target)
+    if key is None:
+        return _op_refusal(op, name, target)
+    try:
+        return _DECISIONS[key]
+    except KeyError:
+        pass
+    except TypeError:  # (an unhashable function owner: decided each time)
+        return _op_refusal(op, name, target)
+    why = _DECISIONS[key] = _op_refusal(op, name, target)
+    if len(_DECISIONS) > MAX_DECISIONS:
+        _DECISIONS.clear()
+    return why
+
+
+def _op_refusal(op: str, name, target) -> str | None:
     if op in ("getattr", "setattr", "delattr") and (not isinstance(name, str) or name.startswith("__")):
         return f"the grader's objects do not share their special attributes ({name!r})"
     if op == "call":

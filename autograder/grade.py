@@ -863,7 +863,7 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
         out = job / "out"
         record, problems = load_record(out / "record.jsonl")
         changed = stage.restore() if stage is not None else []
-        return nb, status, log, record, problems, tokens, changed
+        return nb, status, log, record, problems, tokens, changed, report.seconds
     finally:
         if stage is not None:
             stage.cleanup()
@@ -932,7 +932,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     guard_name = f"__autograder_{secrets.token_hex(6)}__" if guard else None
     timings = entry["timings"] = {"prepare_s": round(time.monotonic() - started, 2)}  # where the time goes
     mark = time.monotonic()
-    nb, status, log, records, problems, tokens, changed = run_in_sandbox(
+    nb, status, log, records, problems, tokens, changed, cell_seconds = run_in_sandbox(
         nb, Path(path), timeout=timeout, kernel_name=kernel_name, budget_s=budget_s, sandbox=sandbox,
         tokens_guard=guard_name)
     entry["errors"] += log + problems
@@ -943,6 +943,7 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
                     if o.get("output_type") == "error"), status.get(0))
         entry["errors"].append(f"the grader's setup cell failed ({why}): the graded cells could not be checked")
     timings["sandbox_s"], mark = round(time.monotonic() - mark, 2), time.monotonic()
+    timings["cells_s"] = {str(k): v for k, v in sorted(cell_seconds.items())}  # the runner's clock, per cell
     verdict = replay_plan(plans, records, budget_s=replay_budget(budget_s, time.monotonic() - started))
     timings["replay_s"], mark = round(time.monotonic() - mark, 2), time.monotonic()
     results, records = verdict.results, verdict.entries  # records: each line's evidence, from the replay's process

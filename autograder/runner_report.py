@@ -163,7 +163,8 @@ class Reporter:
 
     def finish(self, executor, survivors: int) -> None:
         self._send({"done": True, "status": {str(k): v for k, v in executor.status.items()},
-                    "log": executor.log[:200], "restarts": executor.restarts, "survivors": survivors})
+                    "log": executor.log[:200], "restarts": executor.restarts, "survivors": survivors,
+                    "seconds": getattr(executor, "timings", {})})
 
 
 # ------------------------------------------------------------------------------------ the grader's side
@@ -177,6 +178,7 @@ class Report:
         self.outputs: dict[int, list] = {}
         self.tests: dict[int, dict] = {}
         self.log: list = []
+        self.seconds: dict[int, float] = {}  # cell index -> wall seconds (where the notebook's time went)
         self.complete = False
         self.problems: list[str] = []
         foreign = 0
@@ -205,6 +207,10 @@ class Report:
                 if str(k).isdigit() and int(k) < num_cells and v in STATUSES:
                     self.status[int(k)] = v
             self.log = frame.get("log") if isinstance(frame.get("log"), list) else []
+            seconds = frame.get("seconds")
+            for k, v in (seconds.items() if isinstance(seconds, dict) else ()):
+                if str(k).isdigit() and int(k) < num_cells and type(v) in (int, float) and 0 <= v < 1e6:
+                    self.seconds[int(k)] = round(float(v), 2)
             if type(frame.get("survivors")) is int and frame["survivors"] > 0:
                 self.problems.append(f"{frame['survivors']} process(es) the notebook started could not be ended "
                                      "before the runner's report (the sandbox ended them)")

@@ -25,6 +25,7 @@ class _Ran:
 
     def __init__(self, status):
         self.status, self.runner_errors, self.log, self.restarts = status, {}, [], 0
+        self.timings = {str(k): 0.5 for k in status}  # (cell index -> seconds, as _Executor keeps them)
 
 
 def _prepared():
@@ -121,6 +122,16 @@ def test_lines_without_the_nonce_or_out_of_shape_are_not_the_runner_s():
     assert report.problems == ["3 line(s) of the runner's report could not be read: ignored"]
     assert report.status == {} and not report.complete
     assert report.outputs[1] == [nbformat.v4.new_output("display_data", data={"text/html": "<script>", "x": "a"})]
+
+
+def test_cell_seconds_come_back_as_numbers_for_known_cells_only():
+    nb, tokens, probe = _prepared()
+    data = _run(nb, {0: []}, {0: "ok", 1: "ok"})
+    assert R.Report(data, NONCE, len(nb.cells)).seconds == {0: 0.5, 1: 0.5}
+    forged = {"done": True, "status": {}, "seconds": {"0": 1.25, "1": -1, "2": "9", "3": float("nan"),
+                                                      "4": 1e300, "99": 1.0, "x": 2.0, "5": True}}
+    report = R.Report(NONCE.encode() + b" " + json.dumps(forged).encode() + b"\n", NONCE, len(nb.cells))
+    assert report.seconds == {0: 1.25}, "negative, text, NaN, huge, unknown cells and booleans are dropped"
 
 
 def test_a_cell_s_outputs_are_not_rewritten_by_a_later_display_update():
