@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .lean_imports import skip_slow_optional_imports
+
+    skip_slow_optional_imports()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "grade":

@@ -34,6 +34,8 @@ import tempfile
 import unicodedata
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+
+from .lean_imports import skip_slow_optional_imports
 from pathlib import Path
 
 RESULT_VERSION = 2
@@ -318,7 +320,8 @@ def run_batch(paths, *, roots, source_dir, timeout, html_dir, kernel_name, jobs,
                 break
             context = multiprocessing.get_context("spawn")
             try:
-                with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=context) as pool:
+                with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=context,
+                                         initializer=skip_slow_optional_imports) as pool:
                     futures = {pool.submit(grade_task, tasks[i]): i for i in todo}
                     for future in as_completed(futures):
                         i = futures[future]

@@ -463,9 +463,15 @@ class _Executor:
             nb, kernel_name=kernel_name, timeout=timeout, allow_errors=True, interrupt_on_timeout=False,
             record_timing=False, startup_timeout=180, iopub_timeout=10, raise_on_iopub_timeout=False,
             timeout_func=self._timeout_of, resources={"metadata": {"path": cwd}},
+            shutdown_kernel="immediate",  # (a graceful shutdown waits ~1 s; nothing of the kernel is kept)
             extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
         )
         self.client._update_display_id = lambda display_id, msg: None  # (no output changes after its cell)
+        # No frontend for widgets: nbclient would mimic one for Output widgets (interact's) by sending
+        # comm messages on the shell channel while it waits for the cell's reply on that channel, a race
+        # that leaves the cell hanging until its timeout now and then (jupyter/nbclient#312: 60 s lost in
+        # one notebook of four with a slider, under --jobs 2). What such a widget shows goes to the cell.
+        self.client.comm_open_handlers = {"jupyter.widget": lambda msg: None}
         self.status: dict[int, str] = {}  # cell index -> ok | error | timeout | crashed | not_run
         self.runner_errors: dict[int, dict] = {}  # cell index -> the error output this runner added to it
         self.restarts = 0

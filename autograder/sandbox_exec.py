@@ -141,6 +141,9 @@ def main(job_path: str) -> int:
     channel = _private_channel()
     _not_dumpable()
 
+    from .lean_imports import skip_slow_optional_imports
+
+    skip_slow_optional_imports()  # (before nbformat: 1.3 s of this runner's start, once per notebook)
     import nbformat
 
     from .grade import _Executor
