@@ -439,6 +439,15 @@ def _kernel_env(stage: Path | None = None) -> dict:
     return env
 
 
+def unneeded_from(nb, outputs_before: int) -> int | None:
+    """The first cell the grader need not run: past the last graded test cell nothing it runs can
+    change a score, and from the first hidden test on no output comes back (autograder.runner_report),
+    so a cell that is both is work without a reader (nb05's load sweep: 14 s of its 20). None when
+    every cell is needed (a notebook without graded cells is run whole)."""
+    tests = [i for i, cell in enumerate(nb.cells) if is_test_cell(cell)]
+    return max(tests[-1] + 1, outputs_before) if tests else None
+
+
 def _error_output(ename: str, evalue: str):
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -452,12 +461,13 @@ class _Executor:
 
     def __init__(self, nb, cwd: str, kernel_name: str, timeout: int, stage: Path | None = None,
                  deadline: float | None = None, on_cell=None, env_extra: dict | None = None,
-                 budget_s: float | None = None):
+                 budget_s: float | None = None, skip_from: int | None = None):
         from nbclient import NotebookClient
 
         self.nb, self.cwd, self.kernel_name, self.timeout, self.stage = nb, cwd, kernel_name, timeout, stage
         self.deadline, self.on_cell, self.env_extra = deadline, on_cell, dict(env_extra or {})
         self.budget_s = budget_s
+        self.skip_from = skip_from  # cells from here on are not run (unneeded_from)
         self.timings: dict[str, float] = {}  # cell index -> seconds (finding slow cells)
         self.client = NotebookClient(
             nb, kernel_name=kernel_name, timeout=timeout, allow_errors=True, interrupt_on_timeout=False,
@@ -472,7 +482,7 @@ class _Executor:
         # that leaves the cell hanging until its timeout now and then (jupyter/nbclient#312: 60 s lost in
         # one notebook of four with a slider, under --jobs 2). What such a widget shows goes to the cell.
         self.client.comm_open_handlers = {"jupyter.widget": lambda msg: None}
-        self.status: dict[int, str] = {}  # cell index -> ok | error | timeout | crashed | not_run
+        self.status: dict[int, str] = {}  # cell index -> ok | error | timeout | crashed | not_run | skipped
         self.runner_errors: dict[int, dict] = {}  # cell index -> the error output this runner added to it
         self.restarts = 0
         self.log: list[str] = []
@@ -578,6 +588,9 @@ class _Executor:
         try:
             for index, cell in enumerate(self.nb.cells):
                 if cell.get("cell_type") != "code" or not cell.get("source", "").strip():
+                    continue
+                if self.skip_from is not None and index >= self.skip_from:
+                    self.status[index] = "skipped"
                     continue
                 if not alive:
                     self.status[index] = "not_run"
@@ -844,9 +857,11 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
         # that reaches it on stdin before any student code runs.
         probe = runner_report.add_integrity_probe(nb, tokens_guard)
         nonce = secrets.token_hex(16)
+        outputs_before = runner_report.first_hidden_cell(nb)
         (job / "in" / "job.json").write_text(json.dumps({
             "cwd": inside["work"], "kernel": kernel_name, "timeout": timeout, "budget_s": budget_s,
-            "outputs_before": runner_report.first_hidden_cell(nb), "sandbox": bool(sandbox)}))
+            "outputs_before": outputs_before, "skip_from": unneeded_from(nb, outputs_before),
+            "sandbox": bool(sandbox)}))
         command = [sys.executable, "-m", "autograder.sandbox_exec", f"{inside['in']}/job.json"]
         env = None
         if not sandbox:
@@ -950,6 +965,10 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
         entry["errors"].append(f"the grader's setup cell failed ({why}): the graded cells could not be checked")
     timings["sandbox_s"], mark = round(time.monotonic() - mark, 2), time.monotonic()
     timings["cells_s"] = {str(k): v for k, v in sorted(cell_seconds.items())}  # the runner's clock, per cell
+    skipped = sum(1 for v in status.values() if v == "skipped")
+    if skipped:
+        entry["notes"].append(f"{skipped} code cell(s) after the last graded test were not run: no score depends on "
+                              "them and none of their output would come back")
     verdict = replay_plan(plans, records, budget_s=replay_budget(budget_s, time.monotonic() - started))
     timings["replay_s"], mark = round(time.monotonic() - mark, 2), time.monotonic()
     results, records = verdict.results, verdict.entries  # records: each line's evidence, from the replay's process

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import json
 
-STATUSES = ("ok", "error", "timeout", "crashed", "not_run")
+STATUSES = ("ok", "error", "timeout", "crashed", "not_run", "skipped")
 KERNEL_ERRORS = ("AssertionError", "NotImplementedError")  # named as they are; any other is "Error"
 RUNNER_ERRORS = ("CellTimeoutError", "DeadKernelError")  # errors the runner itself appends to a cell
 PROBE_META = "integrity_probe"  # metadata.autograder key of the runner's probe cell

@@ -159,7 +159,8 @@ def main(job_path: str) -> int:
     deadline = time.monotonic() + float(job["budget_s"])
     reporter = Reporter(_writer(channel), nonce.decode("ascii"), nb, int(job["outputs_before"]), cap_outputs)
     executor = _Executor(nb, job["cwd"], job["kernel"], int(job["timeout"]), stage=None, deadline=deadline,
-                         on_cell=reporter.cell_done, env_extra=job.get("env", {}), budget_s=float(job["budget_s"]))
+                         on_cell=reporter.cell_done, env_extra=job.get("env", {}), budget_s=float(job["budget_s"]),
+                         skip_from=job.get("skip_from"))
     asyncio.run(executor.run())
     left = end_other_processes() if job.get("sandbox") and _in_sandbox() else []
     reporter.finish(executor, len(left))

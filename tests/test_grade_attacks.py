@@ -432,8 +432,10 @@ def limits(tmp_path_factory):
     base = tmp_path_factory.mktemp("limits")
     source_dir, sources = _sources(base)
     source = sources[KV]
-    hanging = attack(source, WRONG, after=["while True:\n    pass"] * 40)
-    hanging.cells.insert(1, new_code_cell("while True:\n    pass"))  # before the test cell: it never runs
+    hanging = attack(source, WRONG)
+    # Before the test cell (cells past the last test are not run at all): each hangs to its cell
+    # timeout, and together they spend the notebook's budget before the test cell's turn.
+    hanging.cells[1:1] = [new_code_cell("while True:\n    pass") for _ in range(40)]
     paths = [_write(base, "hanging_cells", hanging)]
     huge = base / "submitted" / "notebook_50mb" / "00_setup" / "00_setup.ipynb"
     huge.parent.mkdir(parents=True)

@@ -53,10 +53,30 @@ def honest(source):
     return perfect_submission(source, released_submission(source))
 
 
+# The grader runs no cell past the last graded test (autograder.grade.unneeded_from), so code meant
+# to run once the test cell has written its record is registered before it, as a student who knows
+# that rule would: an IPython hook that fires after the first graded test cell (the grader's
+# completion marker is in its source as the kernel runs it), registered through a string so that
+# the static scan's names (get_ipython) do not zero the notebook before the replay is tested.
+AFTER_THE_TEST = """def _after_the_test(result, _done=[], _snippets={snippets!r}):
+    if not _done and "[autograder] completion " + "marker" in (result.info.raw_cell or ""):  # (not this cell's own)
+        _done.append(True)
+        for snippet in _snippets:
+            exec(snippet, globals())
+
+
+exec("get_" + "ipython().events.register('post_run_cell', _after_the_test)")  # (past the name scan)
+"""
+
+
 def attack(source, code: str, after=(), which=KV):
-    """The perfect submission with the exercise's answer cell holding `code`, and cells `after` at the end."""
+    """The perfect submission with the exercise's answer cell holding `code`, and the code `after`
+    run once the test cell has run (registered in a cell just before the answer)."""
     nb = with_answer(honest(source), which[1], code)
-    nb.cells += [new_code_cell(extra) for extra in after]
+    if after:
+        index = next(i for i, c in enumerate(nb.cells)
+                     if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == which[1])
+        nb.cells.insert(index, new_code_cell(AFTER_THE_TEST.format(snippets=list(after))))
     return nb
 
 

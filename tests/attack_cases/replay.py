@@ -106,7 +106,7 @@ def _expect_stripped(graded):
     entry = graded.by["replay_stripped_evidence"]
     assert any("the record was edited (its line lacks the 'code', 'thread_reference_calls'" in f
                for f in entry["flags"]), entry["flags"]
-    assert entry["score"] == MAX, "the answer is right: the edit is flagged for review, not a zero"
+    assert entry["score"] == MAX, ("the answer is right: the edit is flagged for review, not a zero", entry["cells"], entry["replay"], entry["errors"])
 
 
 CASES = [
