@@ -4,6 +4,7 @@
 - `drive.py`: closed-loop users or open-loop (Poisson / gamma) arrivals, clipped to the server.
 - `scrape.py`: what only the server knows, from its /metrics (ours, vLLM's or SGLang's names).
 - `report.py`: the `simulate` JSON keys from the client's records, plus ITL and goodput.
+- `bench_names.py`: the same numbers under `vllm bench serve`'s JSON keys, and its printed block.
 - `predict.py`: the simulator's prediction for the same workload, on a clock fitted to this machine.
 - `cli.py`: the command line.
 """

@@ -5,8 +5,9 @@
         --slo ttft_ms=500,tpot_ms=50 --json vllm.json          # a vLLM or SGLang server on a cluster
 
 The JSON has the keys of `simulate --json` (TTFT, TPOT, latency percentiles, throughput, ...) plus
-ITL and goodput under the SLO: run the same experiment on the simulator, our server and a real
-deployment, and compare the files.
+ITL and goodput under the SLO, and the same numbers under `vllm bench serve`'s keys (`mean_ttft_ms`,
+`p99_tpot_ms`, `mean_itl_ms`, ...): run the same experiment on the simulator, our server and a real
+deployment, and compare the files (docs/metrics.md defines TPOT and ITL).
 """
 from __future__ import annotations
 
@@ -158,10 +159,10 @@ def main(argv=None) -> int:
                          "requests": args.requests, "seed": args.seed}
     from course_lib.sim.metrics import format_table
 
+    from .bench_names import format_bench_serve
+
     print(format_table({f"load {args.url}": summary}))
-    itl = summary["itl_s"]
-    if itl["p50"] is not None:
-        print(f"ITL p50 {itl['p50'] * 1e3:.2f} ms, p99 {itl['p99'] * 1e3:.2f} ms")
+    print(format_bench_serve(summary))  # the same run as `vllm bench serve` prints it: TPOT vs ITL in docs/metrics.md
     if summary["requests_failed"]:
         print(f"{summary['requests_failed']} request(s) failed: {summary['errors']}", file=sys.stderr)
     if args.json:

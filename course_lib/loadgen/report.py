@@ -2,10 +2,15 @@
 client's records, so the JSON has every key `simulate --json` writes, plus
 
 - `itl_s`: inter-token latency percentiles, the gaps between successive content chunks of a
-  stream (a chunk may carry several tokens when the server coalesces: that is what a user sees);
+  stream (a chunk may carry several tokens when the server coalesces: that is what a user sees;
+  `vllm bench serve` measures its ITL the same way);
 - `goodput_req_s` under the SLO given (`--slo ttft_ms=..,tpot_ms=..`), `requests_meeting_slo`,
   `goodput_frac` and the `slo` itself;
-- `peak_running`, `preemptions`, `prefix_hit_rate` from the server's /metrics when it has one.
+- `peak_running`, `preemptions`, `prefix_hit_rate` from the server's /metrics when it has one;
+- the same run under `vllm bench serve`'s JSON keys (`mean_ttft_ms`, `p99_tpot_ms`, `mean_itl_ms`,
+  `median_e2el_ms`, `request_throughput`, `output_throughput`, ...: bench_names.py), so our file
+  and vLLM's compare key by key. TPOT here is theirs (per request, after the first token); GuideLLM
+  calls that number ITL (docs/metrics.md).
 
 Keys a client cannot observe (KV waste and utilisation, queue lengths over time, step counts)
 are null rather than a made-up zero.
@@ -15,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 
 from course_lib.sim.metrics import is_completed, meets_slo, percentiles, summarize
+
+from .bench_names import bench_serve_keys
 
 UNOBSERVABLE = ("kv_waste_frac", "mean_kv_util", "mean_running", "mean_waiting", "max_waiting", "num_steps")
 
@@ -53,8 +60,9 @@ def summarize_load(result: dict, slo: dict | None = None) -> dict:
     summary.update(result.get("server") or {})
     good = sum(meets_slo(r, slo.get("ttft_s"), slo.get("tpot_s"), slo.get("latency_s")) for r in records)
     errors = Counter(r.error for r in records if r.error)
+    itl = inter_token_latencies(records)
     summary.update(
-        itl_s=percentiles(inter_token_latencies(records)),
+        itl_s=percentiles(itl),
         slo=slo,
         requests_meeting_slo=good,
         goodput_frac=good / len(records) if records else 0.0,
@@ -65,4 +73,5 @@ def summarize_load(result: dict, slo: dict | None = None) -> dict:
         wall_time_s=result.get("wall_s", 0.0),
         errors=dict(errors.most_common(5)),
     )
+    summary.update(bench_serve_keys(records, summary["makespan_s"], itl))
     return summary

@@ -2,7 +2,8 @@
 
     POST /v1/completions        prompt (text or token ids) -> text, streamed over SSE or not
     POST /v1/chat/completions   messages -> an assistant message (see protocol.py's chat template)
-    GET  /v1/models             the served model, with its max_model_len (as vLLM reports it)
+    GET  /v1/models             the served model's names, its max_model_len and (`root`) its tokenizer
+                                folder, as vLLM reports them
     GET  /health                200 while the engine loop runs, 503 otherwise
     GET  /metrics               Prometheus text
     GET  /dashboard             the live page for lectures (dashboard.py)
@@ -58,9 +59,19 @@ class ServeState:
     # second: smooth to a reader) instead of spending a core on writes. 0: no cap.
     stream_chunks_per_s: float = 4000.0
     live_streams: int = 0  # streaming responses open now
+    # Every name a client may send as `model` (vLLM's --served-model-name, one or more); the first is
+    # `model_name`, the one answers carry. Empty: `model_name` alone.
+    served_names: tuple = ()
+    # Where a Hugging Face tokenizer of the model lies (a folder), shown as `root` in /v1/models as
+    # vLLM shows the model's path: benchmark clients load it by path. None: not known.
+    root: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: object = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: os.urandom(3).hex())
+
+    @property
+    def names(self) -> tuple:
+        return self.served_names or (self.model_name,)
 
     def new_id(self, kind: str) -> str:
         return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self._prefix}{next(self._ids)}"
@@ -127,7 +138,7 @@ def _engine_error(message: str) -> APIError:
 async def _admit(state: ServeState, kind: str, request: Request):
     """Parse, validate and hand to the engine. Returns (stream, parsed) once the engine accepted."""
     body = parse_json(await request.body())
-    parsed = parse_request(kind, body, state.tokenizer, state.model_name, state.max_model_len)
+    parsed = parse_request(kind, body, state.tokenizer, state.names, state.max_model_len)
     if not state.loop.alive:
         raise APIError("the engine loop is not running", status=503, type="server_error", code="engine_down")
     stream = RequestStream(state.new_id(kind), kind)
@@ -174,9 +185,12 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
     sent = None
     state.live_streams += 1
     min_tokens, held = state.stream_min_tokens, []  # held: tokens waiting for company
+    # A chat stream opens with a chunk naming the role. It leaves together with the first token's chunk,
+    # as vLLM sends it (on the engine's first output), so a client's time to its first chunk is the
+    # time to the first token, not to the request's admission.
+    opening = render.chunk("", None, [] if with_ids else None, first=True, usage=running_usage()) \
+        if stream.kind == "chat" else b""
     try:
-        if stream.kind == "chat":
-            yield render.chunk("", None, [] if with_ids else None, first=True, usage=running_usage())
         while True:
             items = [await stream.queue.get()]
             if sent is not None and items[0] is not None and not items[0].finished:
@@ -199,12 +213,17 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
                 return
             text, new_ids = answer.push(new_ids) if new_ids else ("", [])
             if answer.stopped:  # a stop string: the answer ends here, and the engine stops working on it
-                state.loop.abort(stream.request_id)
+                state.loop.abort(stream.request_id, "stop")
                 reason = "stop"
             elif final is None:
-                if text or with_ids:
+                # Every token goes out when it comes, even one that decodes to no text (an EOS under
+                # ignore_eos, the first bytes of a character, text held back as the start of a stop
+                # string): text "" while its ids advance, as vLLM streams it, so that a client's time to
+                # first token is the first token's, not that of the first token with text.
+                if text or new_ids:
                     sent = time.monotonic()
-                    yield render.chunk(text, None, new_ids if with_ids else None, usage=running_usage())
+                    yield opening + render.chunk(text, None, new_ids if with_ids else None, usage=running_usage())
+                    opening = b""
                 continue
             else:
                 text += answer.flush()
@@ -215,7 +234,7 @@ async def _events(state: ServeState, stream: RequestStream, parsed, render: Rend
             last = render.chunk(text if (text or stream.kind == "completion") else None, reason,
                                 new_ids if with_ids else None, usage=running_usage())
             usage = render.usage_chunk(_usage(num_prompt, answer.num_tokens)) if parsed.include_usage else b""
-            yield last + usage + DONE
+            yield opening + last + usage + DONE
             return
     finally:
         state.live_streams -= 1
@@ -245,7 +264,7 @@ async def _collect(state: ServeState, stream: RequestStream, parsed, render: Ren
                 ids += used
                 pieces.append(text)
                 if answer.stopped:
-                    state.loop.abort(stream.request_id)
+                    state.loop.abort(stream.request_id, "stop")
                     return ids, "".join(pieces), "stop"
             else:  # decoded once at the end (a Hugging Face decoder re-decodes the whole answer per push)
                 ids += delta.new_token_ids
@@ -305,10 +324,10 @@ class HotPaths:
 
 
 def make_app(state: ServeState, dashboard: bool = True):
-    async def models(request):
+    async def models(request):  # one card per served name, as vLLM lists them
         return JSONResponse({"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "course_lib",
-            "max_model_len": state.max_model_len}]})
+            "id": name, "object": "model", "created": state.created, "owned_by": "course_lib", "root": state.root,
+            "parent": None, "max_model_len": state.max_model_len} for name in state.names]})
 
     async def health(request):
         if state.loop.alive:

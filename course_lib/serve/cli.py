@@ -17,13 +17,28 @@ from pathlib import Path
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
+class ServedModelNames(argparse.Action):
+    """`--served-model-name a b` or `--served-model-name a --served-model-name b`: every name goes to
+    `served_model_names` (in order, once each), the first to `served_model_name`, which the engine
+    process reads (its metrics' label)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for name in values:
+            if not name.strip():
+                parser.error(f"{option_string} needs non-empty names, got {name!r}")
+        names = list(dict.fromkeys([*(getattr(namespace, "served_model_names", None) or []), *values]))
+        namespace.served_model_names = names
+        setattr(namespace, self.dest, names[0])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m course_lib serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s = p.add_argument_group("server")
     s.add_argument("--model", default="tiny", help="'tiny' (shipped) or a local Hugging Face checkpoint folder")
-    s.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: tiny, "
-                                                             "or the folder's name)")
+    s.add_argument("--served-model-name", nargs="+", action=ServedModelNames, default=None, metavar="NAME",
+                   help="the name(s) clients may send as 'model', as vLLM's flag: one or more, or the flag again; "
+                        "/v1/models lists them all and answers carry the first (default: tiny, or the folder's name)")
     s.add_argument("--host", default="127.0.0.1", help="0.0.0.0 lets students in the room connect")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-waiting", type=int, default=None,
@@ -67,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-model-len", type=int, default=None, help="default: the model's context")
     e.add_argument("--seed", type=int, default=0, help="for unseeded sampled requests")
     e.add_argument("--record-page-owners", action="store_true", help="keep a page map per step in step_stats")
+    p.set_defaults(served_model_names=[])
     return p
 
 
@@ -122,6 +138,23 @@ def load_model(name: str, dtype: str, device: str, max_model_len=None):
     return model, tokenizer, path.name
 
 
+def tokenizer_folder(model: str) -> str:
+    """Where a Hugging Face tokenizer of the served model lies, for /v1/models' `root` (vLLM reports
+    the model's path there): the tiny model's shipped folder, or the checkpoint folder itself."""
+    if model == "tiny":
+        from course_lib.model.hf_tokenizer import HF_TOKENIZER_DIR
+
+        return str(HF_TOKENIZER_DIR)
+    return str(Path(model).resolve())
+
+
+def name_model(state, args) -> None:
+    """The names clients may send as `model` (the first is the one the engine process was given) and
+    the tokenizer folder /v1/models shows as `root`."""
+    state.served_names = tuple(args.served_model_names) or (state.model_name,)
+    state.root = tokenizer_folder(args.model)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -158,13 +191,15 @@ def main(argv=None) -> int:
     except RuntimeError as err:  # the engine process died or hung while starting
         print(f"serve: {err}", file=sys.stderr)
         return 1
+    name_model(state, args)
     state.burst_max_tokens = args.burst_max_tokens
     state.stream_interval_s = args.stream_interval_ms / 1000.0
     state.stream_min_tokens = args.stream_min_tokens
     state.stream_chunks_per_s = args.stream_chunks_per_s
-    name = state.model_name
-    print(f"serving {name!r} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
+    name = " or ".join(repr(n) for n in state.served_names)
+    print(f"serving {name} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)
+    print(f"tokenizer (for GuideLLM's --processor, AIPerf's --tokenizer): {state.root}", flush=True)
     if args.host in WILDCARD_HOSTS:
         print(f"others on this network: http://{room_host(args.host)}:{args.port} (no authentication: a network "
               f"you trust only)", flush=True)

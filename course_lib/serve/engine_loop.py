@@ -7,8 +7,11 @@ queue of the handler that waits for them, with one `call_soon_threadsafe` per ev
 step (not one per token: 64 streams at hundreds of steps a second would flood the loop).
 
 A handler whose client leaves calls `abort`: the request leaves the batch and its pages go back
-to the pool before the next step. Bad input (`ValueError` from `add_request`) and a full queue
-come back to the handler as a rejection before any byte of the response is sent.
+to the pool before the next step. A handler that ends an answer itself (a stop string, found in
+the decoded text) calls `abort(request_id, "stop")`: the same, but the request counts as finished
+for that reason, with its latencies, in /metrics and on the dashboard. Bad input (`ValueError`
+from `add_request`) and a full queue come back to the handler as a rejection before any byte of
+the response is sent.
 
 Dashboard state (seats, queue, pages), its controls and the Prometheus text go through one
 door, `control(action, *args)`, run on this thread between steps (`await loop.ask("snapshot")`):
@@ -25,6 +28,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from course_lib.engine import RequestOutput
+
 from . import snapshot
 from .protocol import APIError
 
@@ -34,6 +39,8 @@ IDLE_WAIT_S = 0.25  # how long an idle loop sleeps on its command queue before l
 STEP_HISTORY = 2000  # StepStats the engine keeps (it appends one per step, forever, otherwise)
 TURNSTILE_STEPS = 48  # columns of the dashboard's turnstile
 ROLLING_WINDOW_S = 10.0  # the dashboard's rolling TTFT / TPOT / throughput
+# Why an answer may end on the API side (a finish reason of the engine's, or "aborted" when None).
+API_FINISH_REASONS = ("stop",)
 
 
 @dataclass(slots=True)
@@ -184,8 +191,10 @@ class EngineLoop:
     def add(self, stream: RequestStream, prompt_token_ids, params) -> None:
         self.submit(lambda: self._add(stream, prompt_token_ids, params))
 
-    def abort(self, request_id: str) -> None:
-        self.submit(lambda: self._abort(request_id))
+    def abort(self, request_id: str, reason: str | None = None) -> None:
+        """End a request now: its client left (`reason` None), or its answer is complete (`reason`
+        "stop": a stop string)."""
+        self.submit(lambda: self._abort(request_id, reason))
 
     # ------------------------------------------------------------------ commands (engine thread)
     def _add(self, stream: RequestStream | None, prompt, params) -> bool:
@@ -212,12 +221,14 @@ class EngineLoop:
         """Requests with no HTTP client (the dashboard's burst): served and measured, answers dropped."""
         return sum(self._add(None, prompt, params) for prompt in prompts)
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, reason: str | None = None) -> None:
         if request_id in self._streams:
             del self._streams[request_id]
             self.engine.abort(request_id)  # frees its pages now
-            if self.metrics is not None:
-                self.metrics.aborted()
+            if reason in API_FINISH_REASONS:  # the answer is whole: a finish, timed like any other
+                self._finished(RequestOutput.of(self.engine.requests[request_id]), time.monotonic(), reason)
+            elif self.metrics is not None:
+                self.metrics.aborted(request_id)
             snapshot.forget_request(self.engine, request_id)
 
     def pause(self, paused: bool) -> None:
@@ -286,6 +297,9 @@ class EngineLoop:
         self.num_steps += 1
         self.busy_s += time.perf_counter() - start
         now = time.monotonic()
+        if self.metrics is not None:
+            step_stats = self.engine.step_stats
+            self.metrics.step(outputs, step_stats[-1].end_time if step_stats else self.engine.clock.now())
         streams, post, tokens = self._streams, self._post, 0
         for out in outputs:
             new = out.new_token_ids
@@ -311,14 +325,16 @@ class EngineLoop:
         if self.dashboard_watching():
             self.turnstile.append((self.num_steps, self.seats.update(self.engine)))
 
-    def _finished(self, out, now: float) -> None:
-        ttft = out.ttft
+    def _finished(self, out, now: float, reason: str | None = None) -> None:
+        """`out` has ended, for the engine's reason or for `reason` (the API's)."""
+        reason = reason or out.finish_reason
         n = len(out.token_ids)
-        tpot = (out.finish_time - out.first_token_time) / (n - 1) if n > 1 and out.first_token_time else None
-        if out.finish_reason not in ("error", "aborted"):
-            self.rolling.finishes.append((now, ttft, tpot))
+        if reason not in ("error", "aborted"):
+            tpot = (out.finish_time - out.first_token_time) / (n - 1) if n > 1 and out.first_token_time else None
+            self.rolling.finishes.append((now, out.ttft, tpot))
         if self.metrics is not None:
-            self.metrics.finished(out.finish_reason, ttft, tpot, out.latency, n)
+            request = self.engine.requests.get(out.request_id)
+            self.metrics.finished(out, reason, None if request is None else request.sampling_params.max_tokens)
 
     def _fail_all(self, message: str) -> None:
         for rid, stream in list(self._streams.items()):
@@ -327,6 +343,8 @@ class EngineLoop:
                 self.engine.abort(rid)
             except Exception:  # the engine is already in trouble; the client still hears why
                 log.exception("abort after a failed step")
+            if self.metrics is not None:
+                self.metrics.aborted(rid, "error")
             if stream is not None:
                 self._post(stream, Delta([], True, "error", message))
         self.stats = self.engine.stats()

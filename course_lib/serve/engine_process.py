@@ -14,7 +14,8 @@ way (the API server and EngineCore in separate processes).
                                                              sends one message per iteration
 
 Messages are tuples of plain values, pickled, in length-prefixed frames (see `frame_bytes`):
-    to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid)  ("ask", call_id, action, args)  ("stop",)
+    to the engine:   ("add", rid, prompt_ids, params)  ("abort", rid, reason)  ("ask", call_id, action, args)
+                     ("stop",)
     from it:         ("ready", info)  ("failed", message)  ("out", [(rid, item)], num_steps, busy_s)
                      ("answer", call_id, ok, value)
 An item is "accepted", a running stream's new ids (a list), ("done", ...) or ("rejected", ...).
@@ -136,8 +137,9 @@ class PipedEngineLoop(EngineLoop):
         kind = message[0]
         if kind == "add":
             return lambda: self._add(RemoteStream(message[1]), message[2], message[3])
-        if kind == "abort":
-            return lambda: self._abort(message[1])
+        if kind == "abort":  # the reason: None (the client left) or the API's finish reason (a stop string)
+            reason = message[2] if len(message) > 2 else None
+            return lambda: self._abort(message[1], reason)
         if kind == "ask":
             return lambda: self._answer(message[1], message[2], message[3])
         if kind == "stop":
@@ -257,9 +259,11 @@ class EngineClient:
         self._streams[stream.request_id] = [stream, False]
         self._send(("add", stream.request_id, list(prompt_token_ids), params))
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, reason: str | None = None) -> None:
+        """End a request: its client left (`reason` None), or its answer is complete ("stop": a stop
+        string), so the engine counts it as finished for that reason, with its latencies."""
         if self._streams.pop(request_id, None) is not None:
-            self._send(("abort", request_id))
+            self._send(("abort", request_id, reason))
 
     async def ask(self, action: str, *args):
         self._attach()

@@ -100,15 +100,17 @@ def _flag(body, name, default=False) -> bool:
     return value
 
 
-def check_model(body, served_name: str) -> None:
-    """`model` must name the served model (a missing one means it, for curl users' convenience).
-    Another name is a 404, as OpenAI and vLLM answer it."""
+def check_model(body, served_name: str | tuple) -> None:
+    """`model` must name the served model, or one of its names (a tuple: vLLM's --served-model-name
+    takes several); a missing one means it, for curl users' convenience. Another name is a 404, as
+    OpenAI and vLLM answer it."""
     model = body.get("model")
     if model is None:
         return
-    if model != served_name:
-        raise APIError(f"unknown model {shown(model)}: this server serves {served_name!r} (see /v1/models)",
-                       status=404, param="model", code="model_not_found")
+    names = (served_name,) if isinstance(served_name, str) else tuple(served_name)
+    if not any(type(model) is str and model == name for name in names):
+        raise APIError(f"unknown model {shown(model)}: this server serves {' or '.join(map(repr, names))} "
+                       f"(see /v1/models)", status=404, param="model", code="model_not_found")
 
 
 def _max_tokens(body, prompt_len: int, max_model_len: int, default: int) -> int:
@@ -279,7 +281,7 @@ def chat_prompt(body, tokenizer) -> list[int]:
     return encode_text(tokenizer, text, "messages")
 
 
-def parse_request(kind: str, body: dict, tokenizer, served_name: str, max_model_len: int) -> ParsedRequest:
+def parse_request(kind: str, body: dict, tokenizer, served_name: str | tuple, max_model_len: int) -> ParsedRequest:
     """Validate an OpenAI body (`kind` "completion" or "chat"). Engine-side limits (vocabulary,
     pool) are checked by the engine when the request is added; see EngineLoop."""
     check_model(body, served_name)
