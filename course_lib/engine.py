@@ -12,6 +12,8 @@ One direction per step, no back-and-forth (`step()` is four lines):
 4. record: the engine writes a `StepStats` row, lets the clock price it, stamps the requests'
    times and returns a `RequestOutput` per request that changed.
 
+`profile_steps()` records where each step's time goes (course_lib/step_profile.py); off by default.
+
 Injection points (so that a student's piece can serve real requests): `block_pool`
 (bookkeeping only: allocate / free / share / num_free_pages / ref_counts), `scheduler` (a class
 built like `ContinuousScheduler`), `admission` (an object with `can_admit`), `prefix_cache`
@@ -24,18 +26,17 @@ from __future__ import annotations
 import itertools
 
 from .clock import WallClock
-from .engine_config import EngineConfig
+from .engine_config import SCHEDULERS, EngineConfig
 from .kv.block_pool import BlockPool
 from .kv.manager import KVCacheManager
 from .kv.prefix_cache import PrefixCache
 from .model.config import ModelConfig
 from .runner import ModelRunner, ScriptedRunner
 from .scheduler.admission import make_admission
-from .scheduler.continuous import ContinuousScheduler
 from .scheduler.output import StepStats
 from .scheduler.request import Request, RequestStatus
 from .scheduler.sampling import SamplingParams
-from .scheduler.static import StaticScheduler
+from .step_profile import StepProfile
 
 
 class RequestOutput:
@@ -124,7 +125,7 @@ class LLMEngine:
 
         # Time: who runs each step.
         self.admission = admission if admission is not None else make_admission(config.admission, config.watermark)
-        scheduler_cls = scheduler or (StaticScheduler if config.scheduler == "static" else ContinuousScheduler)
+        scheduler_cls = scheduler or SCHEDULERS[config.scheduler]
         self.scheduler = scheduler_cls(self.kv, self.admission, config.max_num_seqs,
                                        config.max_num_batched_tokens, config.enable_chunked_prefill,
                                        config.preemption, eos_token_ids=mc.eos_token_ids)
@@ -142,6 +143,7 @@ class LLMEngine:
         self.clock = clock if clock is not None else WallClock()
         self.requests: dict[str, Request] = {}
         self.step_stats: list[StepStats] = []
+        self.step_profile: StepProfile | None = None  # where each step's time goes, when asked (profile_steps)
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ requests in
@@ -202,11 +204,37 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One scheduling decision and one forward pass. Returns the requests that changed."""
+        if self.step_profile is not None:
+            return self._profiled_step()
         start = self.clock.now()
         out = self.scheduler.next_step()
         sampled = self.runner.execute(out)
         finished = self.scheduler.update(out, sampled)
         return self._record(out, sampled, finished, start)
+
+    def _profiled_step(self) -> list[RequestOutput]:
+        """`step()`, the same calls in the same order, with the end of each stage marked in
+        `self.step_profile` (tests/test_step_profile.py holds the two to the same calls)."""
+        profile = self.step_profile
+        profile.begin()
+        start = self.clock.now()
+        out = self.scheduler.next_step()
+        profile.mark("schedule")
+        sampled = self.runner.execute(out)
+        profile.mark_execute()
+        finished = self.scheduler.update(out, sampled)
+        outputs = self._record(out, sampled, finished, start)
+        profile.mark("update")
+        return outputs
+
+    def profile_steps(self, on: bool = True) -> StepProfile | None:
+        """Record where each step's time goes from now on (`on=False`: stop). Returns the new
+        `StepProfile`, one row per step (course_lib/step_profile.py says what each phase holds);
+        a runner with a `step_profile` attribute (the model runner) records its own phases into it."""
+        self.step_profile = StepProfile() if on else None
+        if hasattr(self.runner, "step_profile"):
+            self.runner.step_profile = self.step_profile
+        return self.step_profile
 
     def _record(self, out, sampled: dict, finished: list[Request], start: float) -> list[RequestOutput]:
         """The step's stats (priced by the clock), the requests' timestamps, and their outputs.

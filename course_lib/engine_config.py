@@ -1,7 +1,45 @@
-"""Every knob of the engine, each with a default that serves the tiny model well."""
+"""Every knob of the engine, each with a default that serves the tiny model well.
+
+`OPTIONS` is the one list of the names each string-valued knob takes. `EngineConfig` validates
+against it (and its error messages list it), and the command lines take their `choices` from it
+(`simulate`, `bench engine`). Where a name stands for a class (a scheduler, an admission policy)
+it is the class's own `name`, and `SCHEDULERS` / `ADMISSION_POLICIES` map it back: the engine
+builds its scheduler from `SCHEDULERS`, and `scheduler.admission.make_admission` builds each
+policy listed here (tests/test_engine_options.py holds it, `serve`'s flags and
+`course_lib.attention.BACKENDS` to this list).
+
+(Imports stay torch-free: `simulate --help` reads these lists without loading torch.)
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .scheduler.admission import NoAdmissionControl, ReserveAdmission, WatermarkAdmission
+from .scheduler.base import PREEMPTION_MODES
+from .scheduler.continuous import ContinuousScheduler
+from .scheduler.static import StaticScheduler
+
+SCHEDULERS = {cls.name: cls for cls in (ContinuousScheduler, StaticScheduler)}
+ADMISSION_POLICIES = {cls.name: cls for cls in (NoAdmissionControl, ReserveAdmission, WatermarkAdmission)}
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "scheduler": tuple(SCHEDULERS),
+    "kv_layout": ("paged", "contiguous"),  # contiguous: one max_model_len page per request
+    "admission": tuple(ADMISSION_POLICIES),
+    "preemption": PREEMPTION_MODES,
+    # "auto" and course_lib.attention.BACKENDS (that package loads torch, so it is not imported here;
+    # tests/test_engine_options.py holds the two to each other)
+    "attention_backend": ("auto", "torch", "reference", "triton", "cpu"),
+    "forward": ("auto", "eager", "cpu"),  # runner.resolve_forward says what "auto" takes
+}
+# Knobs whose error message quotes its choices ("'paged' or 'contiguous'"); the others read
+# "auto, eager or cpu". Both as the messages always read (tests and users match them).
+_QUOTED = {"scheduler", "kv_layout", "admission", "preemption"}
+
+
+def one_of(names, quote: bool = True) -> str:
+    """("a", "b", "c") -> "'a', 'b' or 'c'" (or "a, b or c"): the choices as an error message says them."""
+    names = [repr(n) if quote else n for n in names]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 @dataclass
@@ -10,6 +48,7 @@ class EngineConfig:
     num_pages: int | None = None  # None: room for max_num_seqs requests at half of max_model_len
     max_num_seqs: int = 64  # seats in the batch
     max_num_batched_tokens: int = 512  # tokens one forward pass may compute (the chunked-prefill budget)
+    # The string knobs take the names in OPTIONS.
     scheduler: str = "continuous"  # "continuous" (turnstile) or "static" (bus)
     kv_layout: str = "paged"  # "paged" or "contiguous" (max_model_len reserved per request)
     admission: str = "watermark"  # "none", "reserve" or "watermark"
@@ -36,18 +75,10 @@ class EngineConfig:
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
             (self.max_num_batched_tokens >= 1,
              f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"),
-            (self.scheduler in ("continuous", "static"),
-             f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}"),
-            (self.kv_layout in ("paged", "contiguous"),
-             f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}"),
-            (self.admission in ("none", "reserve", "watermark"),
-             f"admission must be 'none', 'reserve' or 'watermark', got {self.admission!r}"),
-            (self.preemption in ("recompute", "fail"),
-             f"preemption must be 'recompute' or 'fail', got {self.preemption!r}"),
-            (self.attention_backend in ("auto", "torch", "reference", "triton", "cpu"),
-             f"attention_backend must be auto, torch, reference, triton or cpu, got {self.attention_backend!r}"),
-            (self.forward in ("auto", "eager", "cpu"),
-             f"forward must be auto, eager or cpu, got {self.forward!r}"),
+        ] + [
+            (getattr(self, knob) in names,
+             f"{knob} must be {one_of(names, knob in _QUOTED)}, got {getattr(self, knob)!r}")
+            for knob, names in OPTIONS.items()
         ]
         for ok, message in checks:
             if not ok:

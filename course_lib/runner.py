@@ -9,11 +9,15 @@ transformer.py with `PagedAttend` as its attention, and, on CPUs, "cpu", the sam
 C call (model/cpu_forward.py), which "auto" prefers where it applies.
 `ScriptedRunner` computes nothing: each request ends at the length its workload scripted, so
 thousands of requests simulate in seconds.
+
+While the engine profiles its steps (`LLMEngine.profile_steps`), `ModelRunner.execute` adds its
+forward and sample times, and attention's share of an eager forward, to the engine's `StepProfile`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from time import perf_counter_ns
 
 import torch
 
@@ -48,6 +52,20 @@ class PagedAttend:
         if d == 0:
             return self.prefill(q, kc, vc)
         return torch.cat([self.decode(q[:d], kc, vc), self.prefill(q[d:], kc, vc)])
+
+
+class _TimedAttend:
+    """A `PagedAttend` whose calls (K/V writes and attention, every layer) add up into the step
+    profile's `attention`: what the runner hands the model only while profiling."""
+
+    def __init__(self, attend: PagedAttend, profile, clock):
+        self.attend, self.profile, self.clock = attend, profile, clock
+
+    def __call__(self, layer, q, k, v):
+        t = self.clock()
+        out = self.attend(layer, q, k, v)
+        self.profile.add("attention", self.clock() - t)
+        return out
 
 
 class _PlannedCall:
@@ -169,6 +187,9 @@ class ModelRunner:
             self.cpu_forward = CpuForward(model, self.k_caches, self.v_caches)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)  # for unseeded sampling
         self.generators: dict[str, torch.Generator] = {}  # request id -> its own, for seeded sampling
+        # The engine's StepProfile while it profiles steps (LLMEngine.profile_steps), else None:
+        # execute then adds its forward and sample times (and attention's share of the forward).
+        self.step_profile = None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
@@ -197,8 +218,12 @@ class ModelRunner:
                 params.append(s.sampling_params)
                 ids.append(s.request_id)
         logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
-        if self.cpu_forward is not None and not (self.long_prefills_eager and
-                                                 prefill_pairs * self.attention_width > EAGER_PREFILL_WORK):
+        profile = self.step_profile
+        if profile is not None:
+            t_forward = self._profile_clock()
+        c_step = self.cpu_forward is not None and not (self.long_prefills_eager and
+                                                       prefill_pairs * self.attention_width > EAGER_PREFILL_WORK)
+        if c_step:
             self.steps_by_forward["cpu"] += 1
             logits = self.cpu_forward(batch.token_ids, batch.positions, batch.slot_mapping, batch.block_tables,
                                       batch.seq_lens, batch.query_start_loc, logits_rows)
@@ -207,11 +232,27 @@ class ModelRunner:
             meta = {"slot_mapping": batch.slot_mapping, "block_tables": batch.block_tables,
                     "seq_lens": batch.seq_lens, "query_start_loc": batch.query_start_loc, "num_decodes": num_decodes}
             attend = PagedAttend(self.k_caches, self.v_caches, meta, self.decode_fn, self.prefill_fn, self.scale)
+            if profile is not None:
+                attend = _TimedAttend(attend, profile, self._profile_clock)
             logits = self.model(batch.token_ids, batch.positions, attend, logits_indices=logits_rows)
+        if profile is not None:
+            t_sample = self._profile_clock()
+            profile.add("forward", t_sample - t_forward)
+            if c_step:
+                profile.add("c_forward", t_sample - t_forward)
         if not ids:
             return {}
         tokens = sample(logits, params, [self._generator(rid, p) for rid, p in zip(ids, params)])
+        if profile is not None:
+            profile.add("sample", self._profile_clock() - t_sample)
         return dict(zip(ids, tokens))
+
+    def _profile_clock(self) -> int:
+        """The step profile's clock (profiling only). On a GPU it first waits for the work queued so
+        far: kernels run after their launch returns, and would be charged to a later phase."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return perf_counter_ns()
 
     def _generator(self, request_id: str, params) -> torch.Generator:
         if params.seed is None:

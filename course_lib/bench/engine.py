@@ -19,7 +19,8 @@ median over repeats of the ratio measured side by side, so a shared, noisy CPU m
 sides of a ratio together. One-time setup (building a manager, allocating caches) is not
 timed for any engine.
 
-`profile_engine_step` answers where the time of one course_lib step goes.
+`--profile` instead answers where the time of one course_lib step goes (bench/engine_step.py,
+from the phases the engine records itself).
 """
 from __future__ import annotations
 
@@ -33,43 +34,18 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine import LLMEngine
-from ..engine_config import EngineConfig
+from ..engine_config import OPTIONS, EngineConfig
 from ..model.config import ModelConfig
-from ..model.random_init import random_model
-from ..model.transformer import Transformer
 from ..runner import resolve_backend, resolve_forward
 from ..scheduler.sampling import SamplingParams
+from .engine_step import PHASES, format_profile, profile_engine_step  # noqa: F401 (the CLI's --profile; tests)
+from .models import TINY_SHAPE, load_model, random_tiny_model  # noqa: F401 (bench/scheduler.py, forward.py)
+from .models import load_average as _load_average
 
-# The shape of the shipped tiny model (scripts/train_tiny.py defaults, CharTokenizer vocabulary).
-TINY_SHAPE = dict(vocab_size=47, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-                  num_kv_heads=2, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
 ENGINES = ("course_lib", "hf_continuous", "hf_static")
 
 
-# --------------------------------------------------------------------------- models and workloads
-def random_tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Transformer:
-    """A random model with the tiny model's shape. Weights are drawn like a trained model's scale
-    (unit-scale activations, `init="unit"`), so float32 logits are realistic and greedy near-ties rare."""
-    return random_model(seed, init="unit", dtype=dtype, **{**TINY_SHAPE, **overrides})
-
-
-def load_model(kind: str = "tiny", seed: int = 0):
-    """(model, tokenizer or None, the kind really used). "tiny" falls back to "random" (same shape)
-    when the tiny model's weights are not installed."""
-    if kind not in ("tiny", "random"):
-        raise ValueError(f"model must be 'tiny' or 'random', got {kind!r}")
-    if kind == "tiny":
-        try:
-            from ..model.tiny import load_tiny
-
-            model, tokenizer = load_tiny()
-            return model.float().eval(), tokenizer, "tiny"
-        except (ImportError, FileNotFoundError):
-            pass
-    return random_tiny_model(seed), None, "random"
-
-
+# --------------------------------------------------------------------------- workloads
 @dataclass
 class Workload:
     name: str
@@ -362,15 +338,6 @@ def run_benchmark(model_kind: str = "tiny", num_prompts: int = 64, max_tokens: i
         torch.set_num_threads(old_threads)
 
 
-def _load_average():
-    try:
-        import os
-
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
 def format_table(result: dict) -> str:
     lines = [f"model: {result['model']} {result['model_shape']}, {result['num_prompts']} prompts, "
              f"max_tokens {result['max_tokens']}, float32, greedy, {result['threads']} thread(s), "
@@ -399,138 +366,6 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- where a step's time goes
-PHASES = ("schedule", "build_batch", "forward_attention", "forward_rest", "forward_cpu", "sample", "update")
-
-
-def profile_engine_step(model=None, running: int = 64, prompt_len: int = 16, steps: int = 40,
-                        config: EngineConfig | None = None, threads: int | None = 1, cprofile_top: int = 0) -> dict:
-    """Time one course_lib decode step with `running` requests, split into phases.
-
-    schedule: `scheduler.schedule()`; build_batch: the runner's Python that turns the schedule
-    into tensors (everything in `execute` outside the model and the sampler); forward_attention:
-    writing K/V into the pages and paged attention, all layers; forward_rest: the rest of the
-    forward pass (embeddings, norms, RoPE, projections, MLP, lm_head); forward_cpu: instead of
-    those two, the whole forward pass in one C call (EngineConfig.forward "cpu"); sample: the sampler;
-    update: the engine's bookkeeping after the runner (tokens, stop checks, KV commit, stats,
-    outputs). Medians over `steps` decode steps, in microseconds."""
-    from .. import runner as runner_mod
-
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        model = model if model is not None else load_model("tiny")[0]
-        config = config or EngineConfig(max_num_seqs=max(64, running))
-        engine = LLMEngine(model, config)
-        rng = random.Random(0)
-        vocab = model.config.vocab_size
-        total_steps = steps + 4
-        for _ in range(running):
-            engine.add_request([rng.randrange(3, vocab) for _ in range(prompt_len)],
-                               SamplingParams(max_tokens=total_steps + 8, ignore_eos=True))
-        # Prefill everyone, then a few decode steps to settle.
-        while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()):
-            engine.step()
-        for _ in range(4):
-            engine.step()
-        if len(engine.scheduler.running) != running:
-            raise RuntimeError(f"expected {running} running requests, got {len(engine.scheduler.running)}")
-
-        clock = time.perf_counter_ns
-        acc = dict.fromkeys(PHASES, 0)
-        run = engine.runner
-        sched = engine.scheduler
-
-        def timed(fn, key):
-            def wrapper(*args, **kwargs):
-                t = clock()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    acc[key] += clock() - t
-            if hasattr(fn, "make_plan"):  # the backend's per-step plan is attention work too
-                wrapper.make_plan = timed(fn.make_plan, key)
-            return wrapper
-
-        orig_schedule, orig_execute = sched.schedule, run.execute  # bound methods
-        orig_write, orig_decode, orig_prefill = runner_mod.write_kv, run.decode_fn, run.prefill_fn
-        orig_model_call, orig_sample, orig_cpu_forward = run.model, runner_mod.sample, run.cpu_forward
-        sched.schedule = timed(orig_schedule, "schedule")
-        run.execute = timed(orig_execute, "_execute")
-        runner_mod.write_kv = timed(orig_write, "forward_attention")
-        run.decode_fn = timed(orig_decode, "forward_attention")
-        run.prefill_fn = timed(orig_prefill, "forward_attention")
-        run.model = timed(orig_model_call, "_forward")
-        if orig_cpu_forward is not None:
-            run.cpu_forward = timed(orig_cpu_forward, "forward_cpu")
-        runner_mod.sample = timed(orig_sample, "sample")
-        rows = []
-        profiler = None
-        try:
-            if cprofile_top:
-                import cProfile
-
-                profiler = cProfile.Profile()
-            for _ in range(steps):
-                for k in list(acc):
-                    acc[k] = 0
-                acc["_execute"] = acc["_forward"] = 0
-                t = clock()
-                if profiler:
-                    profiler.enable()
-                engine.step()
-                if profiler:
-                    profiler.disable()
-                total = clock() - t
-                row = {
-                    "schedule": acc["schedule"],
-                    "build_batch": acc["_execute"] - acc["_forward"] - acc["forward_cpu"] - acc["sample"],
-                    "forward_attention": acc["forward_attention"],
-                    "forward_rest": acc["_forward"] - acc["forward_attention"],
-                    "forward_cpu": acc["forward_cpu"],
-                    "sample": acc["sample"],
-                    "update": total - acc["schedule"] - acc["_execute"],
-                    "total": total,
-                }
-                rows.append(row)
-        finally:  # the wrappers were instance attributes: drop them, put the originals back
-            del sched.schedule, run.execute
-            runner_mod.write_kv, runner_mod.sample = orig_write, orig_sample
-            run.decode_fn, run.prefill_fn, run.model = orig_decode, orig_prefill, orig_model_call
-            run.cpu_forward = orig_cpu_forward
-        med = {k: statistics.median(r[k] for r in rows) / 1000 for k in (*PHASES, "total")}
-        result = {"running": running, "steps": steps, "threads": torch.get_num_threads(),
-                  "attention_backend": engine.runner.attention_backend, "forward": engine.runner.forward,
-                  "context_len_start": prompt_len + 4, "median_us": med,
-                  "share": {k: med[k] / med["total"] for k in PHASES},
-                  "tok_s": running / (med["total"] / 1e6), "load_average": _load_average()}
-        if profiler is not None:
-            import io
-            import pstats
-
-            buf = io.StringIO()
-            pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(cprofile_top)
-            result["cprofile"] = buf.getvalue()
-        return result
-    finally:
-        torch.set_num_threads(old_threads)
-
-
-def format_profile(p: dict) -> str:
-    lines = [f"course_lib decode step, {p['running']} running requests, {p['threads']} thread(s), "
-             f"attention {p['attention_backend']}, forward {p['forward']}, median of {p['steps']} steps "
-             f"(load average {p['load_average']}):",
-             ""]
-    for k in (*PHASES, "total"):
-        share = "" if k == "total" else f"{p['share'][k] * 100:5.1f}%"
-        lines.append(f"  {k:<18} {p['median_us'][k]:>9.0f} us  {share}")
-    lines.append(f"  -> {p['tok_s']:.0f} decode tokens/s")
-    if "cprofile" in p:
-        lines += ["", p["cprofile"]]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- command line
 def main(argv=None) -> int:
     import argparse
@@ -547,9 +382,11 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
-    parser.add_argument("--attention", default="auto", choices=("auto", "torch", "cpu", "reference"),
+    # every attention backend but the GPU kernel: this benchmark keeps the model on the CPU
+    cpu_backends = tuple(b for b in OPTIONS["attention_backend"] if b != "triton")
+    parser.add_argument("--attention", default="auto", choices=cpu_backends,
                         help="course_lib's attention backend (auto: the C kernel when it builds, else torch)")
-    parser.add_argument("--forward", default="auto", choices=("auto", "eager", "cpu"),
+    parser.add_argument("--forward", default="auto", choices=OPTIONS["forward"],
                         help="course_lib's forward pass (auto: the whole step in C where the cpu attention backend "
                              "runs, else the PyTorch model)")
     parser.add_argument("--workloads", default="mixed,uniform", help="comma-separated subset of mixed,uniform")

@@ -82,9 +82,11 @@ class KVCacheManager:
     def slots(self, request_id: str, start: int, count: int) -> list[int]:
         return self.tables[request_id].slots(start, count)
 
-    def block_table(self, request_id: str) -> list[int]:
+    def page_ids(self, request_id: str) -> list[int]:
         """The pages of `request_id`, in order (a copy)."""
         return list(self.tables[request_id].pages)
+
+    block_table = page_ids  # vLLM's name for a request's pages, which notebook 6 calls
 
     # -- prefix cache ------------------------------------------------------------------------
     def lookup_prefix(self, request) -> list[int]:

@@ -20,12 +20,16 @@ from collections import deque
 from .output import SchedulerOutput
 from .request import FinishReason, Request, RequestStatus
 
+# What happens to a request that cannot grow: "recompute" (preempt it, recompute it later) or
+# "fail" (it ends in error). EngineConfig's OPTIONS["preemption"] is this tuple.
+PREEMPTION_MODES = ("recompute", "fail")
+
 
 class SchedulerBase:
     def __init__(self, kv, admission, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True, preemption: str = "recompute", eos_token_ids=()):
-        if preemption not in ("recompute", "fail"):
-            raise ValueError(f"preemption must be 'recompute' or 'fail', got {preemption!r}")
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
         self.kv = kv
         self.admission = admission
         self.max_num_seqs = max_num_seqs

@@ -27,6 +27,8 @@ MODEL_DEFAULTS = {"users": 8, "requests": 16}  # the real model computes every t
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from course_lib.engine_config import OPTIONS  # the one list of each knob's names (torch-free)
+
     p = argparse.ArgumentParser(
         prog="python -m course_lib simulate",
         description="Serve a synthetic workload with the course engine and report latency, throughput and KV waste.",
@@ -51,13 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0, help="workload and sampling seed")
     w.add_argument("--save-trace", metavar="PATH", help="write the requests served (after clipping) as a trace")
     e = p.add_argument_group("engine")
-    e.add_argument("--scheduler", choices=("static", "continuous"), default="continuous")
-    e.add_argument("--kv", choices=("contiguous", "paged"), default="paged")
+    e.add_argument("--scheduler", choices=OPTIONS["scheduler"], default="continuous")
+    e.add_argument("--kv", choices=OPTIONS["kv_layout"], default="paged")
     e.add_argument("--page-size", type=int, default=16, metavar="P")
     e.add_argument("--kv-tokens", type=int, default=20480, metavar="T", help="KV pool capacity in tokens")
-    e.add_argument("--admission", choices=("none", "reserve", "watermark"), default="watermark")
+    e.add_argument("--admission", choices=OPTIONS["admission"], default="watermark")
     e.add_argument("--watermark", type=float, default=0.05, help="free fraction the watermark policy keeps")
-    e.add_argument("--preemption", choices=("recompute", "fail"), default="recompute",
+    e.add_argument("--preemption", choices=OPTIONS["preemption"], default="recompute",
                    help="what happens to a request that cannot grow: recompute later, or fail")
     e.add_argument("--prefix-caching", action="store_true", help="reuse cached KV pages of shared prefixes")
     e.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
