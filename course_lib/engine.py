@@ -178,6 +178,7 @@ class LLMEngine:
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        params.check_vocab(vocab)
         if len(prompt) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens leaves no room to generate: "
                              f"max_model_len is {self.max_model_len}")

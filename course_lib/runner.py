@@ -185,6 +185,7 @@ class ModelRunner:
             from .model.cpu_forward import CpuForward
 
             self.cpu_forward = CpuForward(model, self.k_caches, self.v_caches)
+        self.eos_token_ids = tuple(mc.eos_token_ids)  # what min_tokens holds back
         self.generator = torch.Generator(device="cpu").manual_seed(seed)  # for unseeded sampling
         self.generators: dict[str, torch.Generator] = {}  # request id -> its own, for seeded sampling
         # The engine's StepProfile while it profiles steps (LLMEngine.profile_steps), else None:
@@ -204,7 +205,7 @@ class ModelRunner:
         batch = self.batch_builder(ordered, self.page_size, self.device, self.pad_slot)
         num_decodes = out.num_padded_tokens
         prefill_pairs = 0  # (query, visible token) pairs of the prefill chunks: their attention work
-        logits_rows, params, ids = [], [], []
+        logits_rows, params, ids, histories = [], [], [], []
         row = out.num_padded_tokens - 1
         for s in scheduled:
             n = s.num_new_tokens
@@ -217,6 +218,7 @@ class ModelRunner:
                 logits_rows.append(row)
                 params.append(s.sampling_params)
                 ids.append(s.request_id)
+                histories.append(s.history)
         logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
         profile = self.step_profile
         if profile is not None:
@@ -242,7 +244,8 @@ class ModelRunner:
                 profile.add("c_forward", t_sample - t_forward)
         if not ids:
             return {}
-        tokens = sample(logits, params, [self._generator(rid, p) for rid, p in zip(ids, params)])
+        tokens = sample(logits, params, [self._generator(rid, p) for rid, p in zip(ids, params)], histories,
+                        self.eos_token_ids)
         if profile is not None:
             profile.add("sample", self._profile_clock() - t_sample)
         return dict(zip(ids, tokens))

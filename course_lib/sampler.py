@@ -3,11 +3,15 @@
 A seeded request draws from its own `torch.Generator` (the runner keeps one per request id),
 so its samples do not depend on which other requests share the batch, nor on when it was
 preempted and recomputed.
+
+Rows whose request asks for penalties, min_tokens or logit_bias are adjusted first
+(logit_adjust.py); the others are left exactly as the model produced them.
 """
 from __future__ import annotations
 
 import torch
 
+from .logit_adjust import adjust_logits
 from .scheduler.sampling import SamplingParams
 
 
@@ -24,9 +28,20 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list, histories=None,
+           eos_token_ids=()) -> list[int]:
     """logits: [len(params), vocab]. One token per row; row i samples with `params[i]`, drawing
-    from `generators[i]` (a torch.Generator; unused for greedy rows)."""
+    from `generators[i]` (a torch.Generator; unused for greedy rows). `histories[i]` is row i's
+    (prompt ids, output ids so far), read only for a row whose params adjust its logits;
+    `eos_token_ids` are what `min_tokens` holds back."""
+    adjusted = [row for row, p in enumerate(params) if p.adjusts_logits]
+    if adjusted:
+        logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits.clone()
+        for row in adjusted:
+            if histories is None or histories[row] is None:
+                raise ValueError(f"row {row} adjusts its logits (penalties, min_tokens, logit_bias) and needs "
+                                 f"its request's (prompt ids, output ids); none were given")
+            logits[row] = adjust_logits(logits[row], params[row], *histories[row], eos_token_ids)
     tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done; sampled rows are overwritten
     for row, p in enumerate(params):
         if p.greedy:

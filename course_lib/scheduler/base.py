@@ -138,8 +138,12 @@ class SchedulerBase:
         out = self.schedule()
         live, tables = self._live, self.kv.tables
         for s in out.scheduled:
-            if s.token_ids is not None:
-                continue  # the subclass filled it in itself
+            if s.token_ids is not None:  # the subclass filled it in itself
+                p = s.sampling_params
+                if p is not None and s.samples and p.adjusts_logits:
+                    r = live[s.request_id]
+                    s.history = (r.prompt_token_ids, r.output_token_ids)
+                continue
             r = live[s.request_id]
             start, end, prompt = s.start, s.start + s.num_new_tokens, r.prompt_token_ids
             if end <= len(prompt):
@@ -149,6 +153,8 @@ class SchedulerBase:
                 s.token_ids = prompt[start:] + output[: end - p] if start < p else output[start - p: end - p]
             s.page_ids = tables[s.request_id].pages
             s.sampling_params = r.sampling_params
+            if s.samples and r.sampling_params.adjusts_logits:
+                s.history = (r.prompt_token_ids, r.output_token_ids)
         out.finished_ids, self._gone = self._gone, []
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
         return out

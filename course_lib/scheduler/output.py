@@ -32,6 +32,9 @@ class ScheduledRequest:
     token_ids: list[int] | None = None  # the new tokens, at positions start .. start + num_new_tokens - 1
     page_ids: tuple[int, ...] | None = None  # every page of the request, in order (its block table)
     sampling_params: SamplingParams | None = None  # how to sample its next token (when `samples`)
+    # (prompt ids, output ids): the request's own lists, not copies, set only when its sampling params
+    # adjust logits (penalties, min_tokens, logit_bias read what it has seen); kept out of repr and ==.
+    history: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def positions(self) -> range:

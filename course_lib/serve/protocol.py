@@ -19,12 +19,16 @@ Honoured: `model`, `prompt` / `messages`, `max_tokens` (or `max_completion_token
 - `seed` must be a signed 64-bit integer;
 - extensions, as vLLM spells them: `top_k`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, and `return_token_ids` (the answer's ids in each choice, so clients
-  can compare tokens exactly).
+  can compare tokens exactly);
+- as vLLM defines them (SamplingParams, logit_adjust.py): `presence_penalty` and
+  `frequency_penalty` in [-2, 2], `repetition_penalty` > 0, `min_tokens` in [0, max_tokens],
+  `logit_bias` ({"token id": bias in [-100, 100]}, up to 300 entries; an id outside the vocabulary
+  is a 400 from the engine), and `skip_special_tokens` (false: special tokens such as `<eos>` stay
+  in the text).
 
 Accepted only at their neutral value, refused with a 400 otherwise: `n` and `best_of` (1),
-`logprobs` / `top_logprobs`, `echo`, penalties, `min_p`, `min_tokens`, `logit_bias`,
-`response_format` / guided output, `suffix`, `truncate_prompt_tokens`, `prompt_logprobs`,
-`skip_special_tokens` (true), tools. Any other field is a 400 naming it.
+`logprobs` / `top_logprobs`, `echo`, `min_p`, `response_format` / guided output, `suffix`,
+`truncate_prompt_tokens`, `prompt_logprobs`, tools. Any other field is a 400 naming it.
 
 The chat template (documented here because the tiny model has none): the tiny model knows no
 roles, only task prompts like "reverse: 58213", so a conversation's prompt is the content of its
@@ -50,6 +54,7 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 MAX_STOP_STRINGS = 4  # as OpenAI
 MAX_STOP_CHARS = 256  # per stop string: each is looked for at every token
 MAX_STOP_TOKEN_IDS = 64  # the engine checks every sampled token against the list
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI's limit
 
 
 @dataclass
@@ -158,7 +163,31 @@ def _stop_strings(body) -> list[str]:
     return list(dict.fromkeys(stops))
 
 
+def _logit_bias(body) -> dict[int, float] | None:
+    """JSON keys are strings: {"17": -100} biases token 17. Ids and biases must be numbers in range."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise APIError(f"logit_bias must be an object {{\"token id\": bias}}, got {shown(bias)}", param="logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(f"logit_bias has {len(bias)} entries; the limit is {MAX_LOGIT_BIAS}", param="logit_bias")
+    parsed = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 19):
+            raise APIError(f"logit_bias keys must be token ids (integers >= 0 written as strings), got {shown(key)}",
+                           param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not -100 <= value <= 100:
+            raise APIError(f"logit_bias of token {key} must be a number in [-100, 100], got {shown(value)}",
+                           param="logit_bias")
+        parsed[int(key)] = float(value)
+    return parsed or None
+
+
 def _sampling(body, max_tokens: int) -> SamplingParams:
+    min_tokens = _integer(body, "min_tokens", 0, minimum=0, maximum=max_tokens,
+                          limit_words=" (it cannot exceed max_tokens)")
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -169,6 +198,12 @@ def _sampling(body, max_tokens: int) -> SamplingParams:
             seed=_integer(body, "seed", minimum=INT64[0], maximum=INT64[1], limit_words=" (a signed 64-bit integer)"),
             stop_token_ids=_stop_token_ids(body),
             ignore_eos=_flag(body, "ignore_eos"),
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, math.inf, lo_open=True),
+            min_tokens=0 if min_tokens is None else min_tokens,
+            logit_bias=_logit_bias(body),
+            skip_special_tokens=_flag(body, "skip_special_tokens", True),
         )
     except ValueError as err:  # SamplingParams' own checks
         raise APIError(str(err)) from None
@@ -298,6 +333,8 @@ def parse_request(kind: str, body: dict, tokenizer, served_name: str | tuple, ma
 
 def param_of_engine_error(message: str, kind: str) -> str | None:
     """Which field an engine ValueError is about (its messages name prompts or max_tokens)."""
+    if message.startswith("logit_bias"):
+        return "logit_bias"
     if "max_tokens" in message and "prompt" not in message.split("(")[0]:
         return "max_tokens"
     return "prompt" if kind == "completion" else "messages"
@@ -313,19 +350,21 @@ def finish_reason(engine_reason: str | None) -> str | None:
 class IncrementalDecoder:
     """Token ids in, new text out. A character tokenizer decodes piece by piece; other tokenizers
     re-decode the whole answer and emit what grew (merges and multi-byte characters only make
-    sense in context), holding back a trailing partial character."""
+    sense in context), holding back a trailing partial character. `skip_special_tokens` false keeps
+    special tokens (`<eos>`) in the text, as vLLM's field of that name."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special = skip_special_tokens
         self.piecewise = hasattr(tokenizer, "encode_prompt")
         self.ids: list[int] = []
         self.text = ""
 
     def push(self, new_ids) -> str:
         if self.piecewise:
-            return self.tokenizer.decode(new_ids)
+            return self.tokenizer.decode(new_ids, skip_special=self.skip_special)
         self.ids.extend(new_ids)
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special)
         if full.endswith("\ufffd"):
             return ""
         delta, self.text = full[len(self.text):], full

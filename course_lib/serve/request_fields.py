@@ -6,7 +6,7 @@ measures the wrong thing. So every top-level field of a body falls in one of thr
 
 - HONOURED: read and acted on by protocol.py (per endpoint);
 - NEUTRAL_ONLY: fields OpenAI or vLLM define that this server does not implement. They are accepted
-  only at the value that asks for nothing (`n` 1, `presence_penalty` 0, `logit_bias` {}, `null`
+  only at the value that asks for nothing (`n` 1, `min_p` 0, `echo` false, `null`
   for any of them), so clients that send the defaults explicitly keep working; any other value is a
   400 saying the field is not supported by this server;
 - anything else: a 400 naming the unknown field.
@@ -21,7 +21,8 @@ ENDPOINTS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stream",
            "stream_options", "stop", "include_stop_str_in_output", "stop_token_ids", "ignore_eos",
-           "return_token_ids",
+           "return_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+           "logit_bias", "skip_special_tokens",
            "user"}  # OpenAI's end-user id: metadata for abuse monitoring, no effect on the answer there either
 HONOURED = {"completion": _COMMON | {"prompt"}, "chat": _COMMON | {"messages"}}
 
@@ -43,16 +44,10 @@ NEUTRAL_ONLY = {
     "logprobs": (_null_or(False), "null or false", _NOT_SUPPORTED),  # 0 is a request too: the sampled token's
     "top_logprobs": (_null_or(0), "null or 0", _NOT_SUPPORTED),
     "prompt_logprobs": (_null_or(), "null", _NOT_SUPPORTED),
-    "presence_penalty": (_null_or(0), "0", _NOT_SUPPORTED),
-    "frequency_penalty": (_null_or(0), "0", _NOT_SUPPORTED),
-    "repetition_penalty": (_null_or(1), "1", _NOT_SUPPORTED),
     "min_p": (_null_or(0), "0", _NOT_SUPPORTED),
-    "min_tokens": (_null_or(0), "0", _NOT_SUPPORTED),
-    "logit_bias": (_null_or({}), "null or {}", _NOT_SUPPORTED),
     "response_format": (_null_or({"type": "text"}), 'null or {"type": "text"}', _NOT_SUPPORTED + " (no guided output)"),
     "suffix": (_null_or(""), 'null or ""', _NOT_SUPPORTED),
     "truncate_prompt_tokens": (_null_or(), "null", _NOT_SUPPORTED),
-    "skip_special_tokens": (_null_or(True), "true", "special tokens are always left out of the text here"),
     "tools": (_null_or([]), "null or []", _NOT_SUPPORTED + " (no tool calling)"),
     "functions": (_null_or([]), "null or []", _NOT_SUPPORTED + " (no tool calling)"),
     "tool_choice": (_null_or("none"), 'null or "none"', _NOT_SUPPORTED + " (no tool calling)"),

@@ -62,8 +62,8 @@ class AnswerText:
     """The engine's token ids in, the client's text out: decoded incrementally and, with stop
     strings, ended at the first one. `num_tokens` counts the ids that belong to the answer."""
 
-    def __init__(self, tokenizer, stops: list[str] = (), include_stop: bool = False):
-        self.decoder = IncrementalDecoder(tokenizer)
+    def __init__(self, tokenizer, stops: list[str] = (), include_stop: bool = False, skip_special_tokens: bool = True):
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
         self.stops = StopStrings(list(stops), include_stop) if stops else None
         self.num_tokens = 0
 
