@@ -61,3 +61,17 @@ def student_module_loader(folder: Path, prefix: str):
 
     load.forget = forget
     return load
+
+
+def student_copy_fixture(prefix: str):
+    """A module-scoped pytest fixture `student_copy(kind, module)`: autograder/<kind>/<module>.py
+    imported from a copy, as a student's module (the record/replay tests' submissions)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def student_copy(tmp_path_factory):
+        load = student_module_loader(tmp_path_factory.mktemp("submission"), prefix)
+        yield load
+        load.forget()
+
+    return student_copy

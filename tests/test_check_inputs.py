@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from check_support import student_module_loader
+from check_support import student_copy_fixture
 import torch
 
 from autograder import record
@@ -36,12 +36,7 @@ from autograder.replay import read_records, replay
 
 
 
-@pytest.fixture(scope="module")
-def student_copy(tmp_path_factory):
-    """`student_copy(kind, module)`: autograder/<kind>/<module>.py imported from a copy, as a student's module."""
-    load = student_module_loader(tmp_path_factory.mktemp("submission"), "tampering")
-    yield load
-    load.forget()
+student_copy = student_copy_fixture("tampering")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from check_support import student_module_loader
+from check_support import student_copy_fixture
 
 from autograder import record
 from autograder.checks import get_check
@@ -24,12 +24,7 @@ from autograder.exercises import EXERCISES
 from autograder.replay import read_records, replay
 
 
-@pytest.fixture(scope="module")
-def student_copy(tmp_path_factory):
-    """`student_copy(kind, module)`: autograder/<kind>/<module>.py imported from a copy, as a student's module."""
-    load = student_module_loader(tmp_path_factory.mktemp("submission"), "roundtrip")
-    yield load
-    load.forget()
+student_copy = student_copy_fixture("roundtrip")
 
 
 @pytest.fixture(scope="module")

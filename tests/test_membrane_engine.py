@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from check_support import student_module_loader
+from check_support import student_copy_fixture
 
 from autograder import record
 from autograder.checks import get_check
@@ -30,12 +30,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def student_copy(tmp_path_factory):
-    """`student_copy(kind, module)`: autograder/<kind>/<module>.py imported from a copy, as a student's module."""
-    load = student_module_loader(tmp_path_factory.mktemp("submission"), "submitted")
-    yield load
-    load.forget()
+student_copy = student_copy_fixture("submitted")
 
 
 @pytest.fixture(scope="module")
