@@ -4,8 +4,9 @@
     POST /v1/chat/completions   messages -> an assistant message (see protocol.py's chat template)
     GET  /v1/models             the served model's names, its max_model_len and (`root`) its tokenizer
                                 folder, as vLLM reports them
-    GET  /health                200 while the engine loop runs, 503 otherwise
-    GET  /metrics               Prometheus text
+    GET  /health                200 while the engine loop runs (with "paused": true while the dashboard
+                                has paused it: requests then wait in the queue), 503 otherwise
+    GET  /metrics               Prometheus text (course_lib_engine_paused: 1 while paused)
     GET  /dashboard             the live page for lectures (dashboard.py)
 
 A handler parses and validates the body (protocol.py), hands the request to the engine loop, and
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .engine_loop import ACCEPTED, EngineLoop, RequestStream
+from .dashboard import PAUSED_DETAIL, paused_metric
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import APIError, error_body, finish_reason, param_of_engine_error, parse_json, parse_request
 from .request_body import body_too_large, declared_too_large, limit_body
@@ -65,6 +67,10 @@ class ServeState:
     # Where a Hugging Face tokenizer of the model lies (a folder), shown as `root` in /v1/models as
     # vLLM shows the model's path: benchmark clients load it by path. None: not known.
     root: str | None = None
+    # What the dashboard's controls need (dashboard.py's check_control_token); None: nothing (loopback).
+    control_token: str | None = None
+    # The engine's pause as the dashboard last saw it: an engine process has no other way to say it.
+    paused: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: object = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: os.urandom(3).hex())
@@ -72,6 +78,11 @@ class ServeState:
     @property
     def names(self) -> tuple:
         return self.served_names or (self.model_name,)
+
+    @property
+    def engine_paused(self) -> bool:
+        """Paused from the dashboard: read off the loop in this process, else as the dashboard last saw it."""
+        return bool(getattr(self.loop, "paused", self.paused))
 
     def new_id(self, kind: str) -> str:
         return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self._prefix}{next(self._ids)}"
@@ -174,7 +185,7 @@ def _gone(state: ServeState, stream: RequestStream) -> None:
 
 
 async def _events(state: ServeState, stream: RequestStream, parsed, render: Renderer):
-    answer = AnswerText(state.tokenizer, parsed.stop, parsed.include_stop_str)
+    answer = AnswerText(state.tokenizer, parsed.stop, parsed.include_stop_str, parsed.params.skip_special_tokens)
     with_ids = parsed.return_token_ids
     num_prompt = len(parsed.prompt_token_ids)
 
@@ -251,7 +262,7 @@ def stream_interval(state: ServeState) -> float:
 
 
 async def _collect(state: ServeState, stream: RequestStream, parsed, render: Renderer, receive):
-    answer = AnswerText(state.tokenizer, parsed.stop, parsed.include_stop_str)
+    answer = AnswerText(state.tokenizer, parsed.stop, parsed.include_stop_str, parsed.params.skip_special_tokens)
 
     async def gather():
         ids, pieces = [], []
@@ -330,9 +341,11 @@ def make_app(state: ServeState, dashboard: bool = True):
             "parent": None, "max_model_len": state.max_model_len} for name in state.names]})
 
     async def health(request):
-        if state.loop.alive:
-            return JSONResponse({"status": "ok", "steps": state.loop.num_steps,
-                                 "engine_busy_s": round(state.loop.busy_s, 3)})
+        if state.loop.alive:  # paused is alive: a probe must not restart a server the instructor paused
+            paused = state.engine_paused
+            return JSONResponse({"status": "ok", "paused": paused, "steps": state.loop.num_steps,
+                                 "engine_busy_s": round(state.loop.busy_s, 3),
+                                 **({"detail": PAUSED_DETAIL} if paused else {})})
         return JSONResponse(error_body("the engine loop is not running", "server_error", None, "engine_down"),
                             status_code=503)
 
@@ -343,7 +356,7 @@ def make_app(state: ServeState, dashboard: bool = True):
         text = await state.loop.ask("metrics")  # rendered where the engine's counters live
         if text is None:
             return error_response(APIError("metrics are off", status=404, code="not_found"))
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
+        return Response(text + paused_metric(state.model_name, state.engine_paused), media_type=CONTENT_TYPE_LATEST)
 
     hot = {"/v1/completions": make_handler(state, "completion"),
            "/v1/chat/completions": make_handler(state, "chat")}

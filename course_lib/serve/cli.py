@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import urllib.parse
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -45,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse new requests with 429 + Retry-After while this many wait (default: no limit)")
     s.add_argument("--no-dashboard", action="store_true", help="do not serve /dashboard")
     s.add_argument("--open-dashboard", action="store_true", help="open /dashboard in a browser once up")
+    s.add_argument("--control-token", default=None, metavar="TOKEN",
+                   help="the token the dashboard's controls (pause, step, admission, burst) need, as "
+                        "'Authorization: Bearer TOKEN' or /dashboard?token=TOKEN (default: a random one, printed at "
+                        "start, when --host lets others in; none on loopback)")
     s.add_argument("--stream-interval-ms", type=float, default=5.0,
                    help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
     s.add_argument("--stream-min-tokens", type=int, default=1,
@@ -171,7 +177,13 @@ def main(argv=None) -> int:
     except ImportError as err:
         parser.error(f"serving needs the 'serve' extra ({err.name} is missing): pip install -e \".[serve]\"")
     from .app import ServeState, build_server_state
-    from .launch import WILDCARD_HOSTS, room_host, serve_forever, watch_parent
+    from .dashboard import control_token_for
+    from .launch import WILDCARD_HOSTS, local_host, room_host, serve_forever, watch_parent
+
+    try:
+        control_token = None if args.no_dashboard else control_token_for(args.host, args.control_token)
+    except ValueError as err:
+        parser.error(str(err))
 
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)
@@ -196,15 +208,24 @@ def main(argv=None) -> int:
     state.stream_interval_s = args.stream_interval_ms / 1000.0
     state.stream_min_tokens = args.stream_min_tokens
     state.stream_chunks_per_s = args.stream_chunks_per_s
+    state.control_token = control_token
     name = " or ".join(repr(n) for n in state.served_names)
     print(f"serving {name} on http://{args.host}:{args.port}  (dashboard: http://{args.host}:{args.port}/dashboard"
           f"{', off' if args.no_dashboard else ''}; OpenAI base_url: http://{args.host}:{args.port}/v1)", flush=True)
     print(f"tokenizer (for GuideLLM's --processor, AIPerf's --tokenizer): {state.root}", flush=True)
     if args.host in WILDCARD_HOSTS:
-        print(f"others on this network: http://{room_host(args.host)}:{args.port} (no authentication: a network "
-              f"you trust only)", flush=True)
-    serve_forever(state, host=args.host, port=args.port, dashboard=not args.no_dashboard, log_level=args.log_level,
-                  open_browser=args.open_dashboard)
+        print(f"others on this network: http://{room_host(args.host)}:{args.port} (the API has no authentication: a "
+              f"network you trust only)", flush=True)
+    dashboard_url = f"http://{local_host(args.host)}:{args.port}/dashboard"
+    if control_token is not None:
+        dashboard_url += "?token=" + urllib.parse.quote(control_token, safe="")
+        print(f"control token: {control_token}  (the dashboard's buttons need it: open {dashboard_url} here, the "
+              f"page then drops it from the address bar; or send 'Authorization: Bearer TOKEN')", flush=True)
+    if args.open_dashboard and not args.no_dashboard:  # with the token, so that the instructor's page has buttons
+        import webbrowser
+
+        threading.Timer(1.5, webbrowser.open, [dashboard_url]).start()
+    serve_forever(state, host=args.host, port=args.port, dashboard=not args.no_dashboard, log_level=args.log_level)
     return 0
 
 

@@ -8,13 +8,29 @@
 A snapshot (see `EngineLoop.build_snapshot`) is built by the engine's loop between steps, so
 what the page shows is always one consistent moment: seats, queue, pages, rolling numbers.
 Seat history for the turnstile is only recorded while a dashboard is connected.
+
+Who may press the buttons: anyone who can reach the server, while it listens on loopback only
+(a student's laptop). A server that others can reach (`--host 0.0.0.0`, a LAN address, a name)
+has a control token, printed at start: a control request without `Authorization: Bearer TOKEN`
+gets 403 with an OpenAI-style JSON error, and the page, opened without `?token=`, is view only.
+Watching (the page, its events, its state) stays open to the room.
+
+Paused: the engine takes no step, and everything else goes on. Requests are accepted (200, or a
+400 / 429 as always) and wait in the queue until Resume (or a Step): the page says so in a banner,
+`/health` answers 200 with `"paused": true`, `/metrics` has `course_lib_engine_paused 1`. Not a
+503: a pause is the instructor's choice, not a failure, and a liveness probe that failed would
+restart the server (Kubernetes); vLLM's own /health stays 200 while it is paused or asleep too and
+reports that state apart (`/is_paused`, `/is_sleeping`).
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import itertools
 import json
 import random
+import secrets
 from pathlib import Path
 
 from starlette.requests import Request
@@ -27,8 +43,63 @@ from .protocol import APIError, parse_json
 from .sse import EventStream, frame
 
 STATIC = Path(__file__).resolve().parent / "static"
+# What the page loads, by the name it asks for: (file in static/, media type). Nothing else is served.
+STATIC_FILES = {"app.js": ("dashboard.js", "application/javascript"),
+                "colours.js": ("colours.js", "application/javascript"),
+                "turnstile_window.js": ("turnstile_window.js", "application/javascript"),
+                "style.css": ("dashboard.css", "text/css")}
 EVENT_INTERVAL_S = 0.25
 MAX_BURST = 1000
+TOKEN_BYTES = 16  # a control token's randomness (secrets.token_urlsafe: 22 characters)
+
+
+# ------------------------------------------------------------------------------------ the token
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a wildcard ("", "0.0.0.0" parses: not loopback) or a host name: others may reach it
+        return False
+
+
+def control_token_for(host: str, given: str | None = None) -> str | None:
+    """The token the dashboard's controls need: `given` when set (anywhere); else a fresh random
+    one when `host` lets others in; else None (loopback: no token, as students run it)."""
+    if given is not None:
+        if not given.strip():
+            raise ValueError("--control-token must not be empty")
+        return given
+    return None if is_loopback(host) else secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def check_control_token(request: Request, token: str | None) -> None:
+    """Raise a 403 APIError unless the request carries `token` (None: nothing to check)."""
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise APIError("the dashboard's controls need the control token that `serve` printed at start (this server "
+                       "listens beyond loopback): send 'Authorization: Bearer TOKEN', or open /dashboard?token=TOKEN",
+                       status=403, type="permission_error", code="control_token_required")
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise APIError("wrong control token: use the one `serve` printed at start", status=403,
+                       type="permission_error", code="control_token_wrong")
+
+
+# ------------------------------------------------------------------------------------ paused
+PAUSED_DETAIL = ("the engine is paused from the dashboard: requests are accepted and wait in the queue until it "
+                 "resumes (or takes a single step)")
+
+
+def paused_metric(model_name: str, paused: bool) -> bytes:
+    """`/metrics`' lines for the pause (Prometheus text; the label value escaped as the format says)."""
+    label = model_name.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+    return ("# HELP course_lib_engine_paused 1 while the engine is paused from the dashboard: requests are "
+            "accepted and wait in the queue until it resumes\n"
+            "# TYPE course_lib_engine_paused gauge\n"
+            f'course_lib_engine_paused{{model_name="{label}"}} {int(paused)}\n').encode()
 
 
 def burst_prompts(tokenizer, n: int, counter) -> list[list[int]]:
@@ -47,6 +118,8 @@ def dashboard_routes(state) -> list[Route]:
     async def current() -> dict:
         snap = await loop.ask("snapshot")
         snap["model"] = state.model_name
+        snap["controls_locked"] = state.control_token is not None
+        state.paused = snap["paused"]  # what /health and /metrics say (an engine process has no other way)
         return snap
 
     def static(name: str, media_type: str):
@@ -76,6 +149,7 @@ def dashboard_routes(state) -> list[Route]:
 
     async def control(request: Request):
         try:
+            check_control_token(request, state.control_token)
             body = parse_json(await request.body())
             result = await _control(body)
         except APIError as err:
@@ -109,8 +183,7 @@ def dashboard_routes(state) -> list[Route]:
     return [
         Route("/dashboard", page, methods=["GET"]),
         Route("/dashboard/", page, methods=["GET"]),
-        Route("/dashboard/app.js", static("dashboard.js", "application/javascript"), methods=["GET"]),
-        Route("/dashboard/style.css", static("dashboard.css", "text/css"), methods=["GET"]),
+        *(Route(f"/dashboard/{name}", static(*served), methods=["GET"]) for name, served in STATIC_FILES.items()),
         Route("/dashboard/events", events, methods=["GET"]),
         Route("/dashboard/state", state_json, methods=["GET"]),
         Route("/dashboard/control", control, methods=["POST"]),
