@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from attack_cases.credit import LOOP_ALL_AT_ONCE, SUMMARY_COUNTING_FAILED
 from check_support import student_copy_fixture
 import torch
 
@@ -166,46 +167,21 @@ def sweep_all_at_once_with_arrivals_zeroed(budgets, specs, make_engine, submit):
     return rows
 
 
-def summary_counting_failed_requests(records):
-    """Failed and aborted requests counted as completed (wrong), after relabelling them 'length'."""
+def _defined_here(source: str, name: str):
+    """A wrong answer the attack batch hands in as a notebook cell (tests/attack_cases/credit.py), defined
+    in this file's name, as a student's function of this module is (its code is the student's)."""
     import numpy as np
 
-    for r in records:
-        if r.finish_reason in ("error", "aborted"):
-            r.finish_reason = "length"
-    done = [r for r in records if r.finish_time is not None]
-
-    def pct(values):
-        if not values:
-            return {"p50": None, "p99": None}
-        p50, p99 = np.percentile(np.asarray(values, dtype=float), [50, 99])
-        return {"p50": float(p50), "p99": float(p99)}
-
-    ttft = [r.first_token_time - r.arrival_time for r in done if r.first_token_time is not None]
-    tpot = [(r.finish_time - r.first_token_time) / (len(r.token_ids) - 1) for r in done
-            if r.first_token_time is not None and len(r.token_ids) >= 2]
-    finishes = [r.finish_time for r in records if r.finish_time is not None]
-    span = max(finishes) - min(r.arrival_time for r in records) if finishes else 0.0
-    tokens = sum(len(r.token_ids) for r in done)
-    return {"ttft": pct(ttft), "tpot": pct(tpot), "latency": pct([r.finish_time - r.arrival_time for r in done]),
-            "throughput_tok_s": tokens / span if span > 0 else 0.0, "completed": len(done), "output_tokens": tokens}
+    namespace = {"__name__": __name__, "np": np, "random": random}
+    exec(compile(source, __file__, "exec"), namespace)
+    return namespace[name]
 
 
-def closed_loop_all_at_once_arrivals_rewritten(make_engine, num_users, num_requests, make_prompt, seed):
-    """Every request sent at the start (an open loop, wrong), then each request's arrival time rewritten
-    to when a closed loop would have sent it."""
-    engine = make_engine()
-    rng = random.Random(seed)
-    order = [engine.add_request(*make_prompt(rng)) for _ in range(num_requests)]
-    done = {}
-    while len(done) < num_requests:
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    finishes = sorted(engine.requests[rid].finish_time for rid in order)
-    for k, rid in enumerate(order):
-        engine.requests[rid].arrival_time = 0.0 if k < num_users else finishes[k - num_users]
-    return [done[rid] for rid in order]
+# Failed and aborted requests counted as completed (wrong), after relabelling them 'length'.
+summary_counting_failed_requests = _defined_here(SUMMARY_COUNTING_FAILED, "latency_summary")
+# Every request sent at the start (an open loop, wrong), then each request's arrival time rewritten
+# to when a closed loop would have sent it.
+closed_loop_all_at_once_arrivals_rewritten = _defined_here(LOOP_ALL_AT_ONCE, "run_closed_loop")
 
 
 class _AnyKey:
