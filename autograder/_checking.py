@@ -83,10 +83,21 @@ def fail(message: str):
     raise _AssertionError(message)
 
 
-def expect(condition, message) -> None:
-    """Fail with `message` (a string, or a function returning one) unless `condition` holds."""
+def broke(rule: str, message: str):
+    """Fail naming the rule the student's code broke, as the exercise's collapsed block "The rules the
+    check holds you to" names it (`**<rule>**`): a student who designed it differently knows which rule
+    to open. tests/test_notebooks.py holds every rule a check names to its notebook's block."""
+    fail(f'Rule "{rule}": {message}')
+
+
+def expect(condition, message, rule: str | None = None) -> None:
+    """Fail with `message` (a string, or a function returning one) unless `condition` holds; with `rule`,
+    the failure names the broken rule (see `broke`)."""
     if not condition:
-        fail(message() if callable(message) else message)
+        text = message() if callable(message) else message
+        if rule is None:
+            fail(text)
+        broke(rule, text)
 
 
 def describe_exception(exc: BaseException) -> str:
