@@ -22,6 +22,8 @@ import sys
 import traceback
 import warnings
 
+from .recording.active import active_membrane
+
 REFERENCE_MESSAGE = "uses course_lib's reference implementation instead of your own"
 AUTOGRADER_REFERENCE_MESSAGE = "uses the autograder's reference implementation instead of your own"
 
@@ -86,7 +88,7 @@ def fail(message: str):
 def broke(rule: str, message: str):
     """Fail naming the rule the student's code broke, as the exercise's collapsed block "The rules the
     check holds you to" names it (`**<rule>**`): a student who designed it differently knows which rule
-    to open. tests/test_notebooks.py holds every rule a check names to its notebook's block."""
+    to open. tests/test_rules_blocks.py holds every rule a check names to its notebook's block."""
     fail(f'Rule "{rule}": {message}')
 
 
@@ -408,16 +410,16 @@ def reject_reference(name: str, impl, forbidden=(), allowed_bases=()) -> None:
         fail(f"{name} {messages[origin]}")
 
 
-# The membrane of the check call in progress (autograder.membrane): set by `check` while its body
-# runs on a recorded or replayed adapter, so that the hooks below note or read back what they saw.
-_ACTIVE = None
+# The membrane of the check call in progress (autograder.recording.active, a context variable): set
+# by `check` while its body runs on a recorded or replayed adapter, so that the hooks below note or
+# read back what they saw.
 
 
 @contextlib.contextmanager
 def _hooked(kind: str, value, fill):
     """Around a hook's block: in RECORD mode note `value` when the block ends, in REPLAY mode
     `fill` it from the record (the student's code never runs in the grader, so it saw nothing)."""
-    m = _ACTIVE
+    m = active_membrane()
     if m is None:
         yield value
         return
@@ -446,7 +448,8 @@ def _fill_counter(target, recorded):
 @contextlib.contextmanager
 def watch_calls(modules):
     """Record (module name, function name) of every call into code from `modules` in the block."""
-    if _ACTIVE is not None and _ACTIVE.mode == "replay":
+    m = active_membrane()
+    if m is not None and m.mode == "replay":
         with _hooked("watch", [], _fill_list) as hits:
             yield hits
         return
@@ -495,7 +498,8 @@ def forbid_calls(name: str, modules, enabled: bool = True):
 @contextlib.contextmanager
 def count_user_lines():
     """Count the Python lines the student's code executes in the block (loops show up as growth)."""
-    if _ACTIVE is not None and _ACTIVE.mode == "replay":
+    m = active_membrane()
+    if m is not None and m.mode == "replay":
         with _hooked("lines", [0], _fill_counter) as counter:
             yield counter
         return
@@ -559,7 +563,8 @@ def check(name: str, forbidden=lambda: (), allowed_bases=lambda: ()):
             if not _allow_reference:
                 from .record import through_membrane
 
-                handled = through_membrane(wrapper, name, impl, seed, refuse, run)
+                handled = through_membrane(name, impl, seed, refuse, run, fail=fail,
+                                           describe_exception=describe_exception, is_user_file=is_user_file)
                 if handled:
                     return None
                 reject_reference(name, impl, forbidden(), allowed_bases())

@@ -95,6 +95,11 @@ def test_a_server_the_room_can_reach_prints_a_token_and_refuses_controls_without
         assert printed, f"no control token printed at start:\n{srv.log_tail()}"
         token = printed.group(1)
         assert f"/dashboard?token={token}" in srv.log_tail()
+        # The notebook's own view has working buttons: the launcher made the token and knows it; the
+        # server got it through its environment, not its command line (which every local user can read).
+        assert srv.control_token == token and srv.dashboard_url.endswith(f"/dashboard?token={token}")
+        with open(f"/proc/{srv.proc.pid}/cmdline", "rb") as f:
+            assert token.encode() not in f.read(), "the control token is visible in the server's command line"
 
         # Watching stays open to the room; the page knows its buttons are locked.
         assert client.get("/dashboard").status_code == 200

@@ -17,6 +17,8 @@ import urllib.parse
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+# The control token may come from the environment: a command line is readable by every local user (ps).
+CONTROL_TOKEN_ENV = "COURSE_SERVE_CONTROL_TOKEN"
 
 
 class ServedModelNames(argparse.Action):
@@ -47,10 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse new requests with 429 + Retry-After while this many wait (default: no limit)")
     s.add_argument("--no-dashboard", action="store_true", help="do not serve /dashboard")
     s.add_argument("--open-dashboard", action="store_true", help="open /dashboard in a browser once up")
-    s.add_argument("--control-token", default=None, metavar="TOKEN",
+    s.add_argument("--control-token", default=os.environ.get(CONTROL_TOKEN_ENV), metavar="TOKEN",
                    help="the token the dashboard's controls (pause, step, admission, burst) need, as "
-                        "'Authorization: Bearer TOKEN' or /dashboard?token=TOKEN (default: a random one, printed at "
-                        "start, when --host lets others in; none on loopback)")
+                        "'Authorization: Bearer TOKEN' or /dashboard?token=TOKEN (default: $" + CONTROL_TOKEN_ENV +
+                        " if set, else a random one, printed at start, when --host lets others in; none on loopback)")
     s.add_argument("--stream-interval-ms", type=float, default=5.0,
                    help="a stream's chunks go out at most this often; tokens in between share a chunk (0: each alone)")
     s.add_argument("--stream-min-tokens", type=int, default=1,

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 from .app import build_server_state, make_app
@@ -158,12 +159,22 @@ class ServerProcess:
     """`python -m course_lib serve ARGS` on a free loopback port; its output goes to a log file."""
 
     def __init__(self, args: list[str] = (), host: str = "127.0.0.1", port: int | None = None,
-                 timeout: float = 60.0, threads: int = 1):
+                 timeout: float = 60.0, threads: int = 1, control_token: str | None = None):
+        from .cli import CONTROL_TOKEN_ENV
+        from .dashboard import control_token_for
+
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{local_host(host)}:{self.port}"  # how this process talks to it
         self.room_url = f"http://{room_host(host)}:{self.port}"  # how others on the network do
+        # Beyond loopback the dashboard's controls need a token: made here (or given) and handed to the
+        # server through its environment, so that this side can open the dashboard with working buttons
+        # (`dashboard_url`) while the room's page (`room_url`) stays view-only.
+        self.control_token = control_token_for(host, control_token)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="course_lib_serve_", suffix=".log", delete=False)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.pop(CONTROL_TOKEN_ENV, None)
+        if self.control_token is not None:
+            env[CONTROL_TOKEN_ENV] = self.control_token
         cmd = [sys.executable, "-m", "course_lib", "serve", "--host", host, "--port", str(self.port),
                "--threads", str(threads), "--parent-pid", str(os.getpid()), *args]
         # A kernel that exits stops its server (atexit); one that is killed, the server notices
@@ -175,6 +186,13 @@ class ServerProcess:
         except Exception as err:
             self.stop()
             raise RuntimeError(f"{err}\nserver log:\n{self.log_tail()}") from None
+
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard for this machine, with the control token when one is needed (its buttons work);
+        the page drops the token from the address bar once read."""
+        url = f"{self.url}/dashboard"
+        return url if self.control_token is None else f"{url}?token={urllib.parse.quote(self.control_token, safe='')}"
 
     def log_tail(self, chars: int = 3000) -> str:
         self.log.flush()
