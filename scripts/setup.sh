@@ -19,5 +19,13 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
 "$PYTHON" -m pip install --quiet -e ".[dev]"
+# GuideLLM, a benchmark client nobody here wrote, for the test that points it at `serve`: in a virtual
+# environment of its own (.bench-venv) that sees this Python's packages, so it reuses the CPU torch
+# instead of pulling a CUDA build. COURSE_SKIP_BENCH_VENV=1 leaves it out (that test then skips,
+# except under CI, where it fails).
+if [ "${COURSE_SKIP_BENCH_VENV:-0}" != 1 ] && ! .bench-venv/bin/python -c "import guidellm" 2>/dev/null; then
+  "$PYTHON" -m venv --system-site-packages .bench-venv
+  .bench-venv/bin/python -m pip install --quiet "guidellm==0.8.1"
+fi
 "$PYTHON" -m course_lib --help >/dev/null
 echo "setup done: $("$PYTHON" -c 'import torch, course_lib; print("torch", torch.__version__, "| course_lib", course_lib.__version__)')"

@@ -36,6 +36,8 @@ class ServedModelNames(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..engine_config import OPTIONS, EngineConfig  # the one list of each knob's names, and its default
+
     p = argparse.ArgumentParser(prog="python -m course_lib serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s = p.add_argument_group("server")
@@ -78,15 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "at half of max-model-len)")
     e.add_argument("--max-num-seqs", type=int, default=64, help="batch seats")
     e.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step")
-    e.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
-    e.add_argument("--kv-layout", choices=("paged", "contiguous"), default="paged")
-    e.add_argument("--admission", choices=("none", "reserve", "watermark"), default="watermark")
+    e.add_argument("--scheduler", choices=OPTIONS["scheduler"], default=EngineConfig.scheduler)
+    e.add_argument("--kv-layout", choices=OPTIONS["kv_layout"], default=EngineConfig.kv_layout)
+    e.add_argument("--admission", choices=OPTIONS["admission"], default=EngineConfig.admission)
     e.add_argument("--watermark", type=float, default=0.05)
-    e.add_argument("--preemption", choices=("recompute", "fail"), default="recompute")
+    e.add_argument("--preemption", choices=OPTIONS["preemption"], default=EngineConfig.preemption)
     e.add_argument("--no-chunked-prefill", action="store_true")
     e.add_argument("--prefix-caching", action="store_true")
-    e.add_argument("--attention-backend", choices=("auto", "torch", "reference", "triton", "cpu"), default="auto")
-    e.add_argument("--forward", choices=("auto", "eager", "cpu"), default="auto")
+    e.add_argument("--attention-backend", choices=OPTIONS["attention_backend"], default=EngineConfig.attention_backend)
+    e.add_argument("--forward", choices=OPTIONS["forward"], default=EngineConfig.forward)
     e.add_argument("--max-model-len", type=int, default=None, help="default: the model's context")
     e.add_argument("--seed", type=int, default=0, help="for unseeded sampled requests")
     e.add_argument("--record-page-owners", action="store_true", help="keep a page map per step in step_stats")
