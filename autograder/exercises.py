@@ -40,7 +40,7 @@ class Exercise:
         solution notebook's test cell writes them (instructor side only: `hidden_seeds.NoSolutions`
         where there is no solutions/). Every mutant must fail on each of them (no seed luck), every
         control pass on each."""
-        from .hidden_seeds import graded_seeds
+        from .solution_seeds import graded_seeds
 
         return graded_seeds(self)
 
@@ -67,7 +67,7 @@ class Exercise:
 
 E = Exercise
 EXERCISES: list[Exercise] = [
-    E("nb00_setup", "kv_bytes_per_token", 1, "course_lib.model.contiguous_cache:kv_bytes_per_token",
+    E("nb00_setup", "kv_bytes_per_token", 1, "course_lib.model.kv_footprint:kv_bytes_per_token",
       "kv_bytes_per_token(config, bytes_per_elem) -> int"),
     E("nb00_setup", "answer", 2, "course_lib.cli.generate:answer", "answer(model, tokenizer, prompt, max_tokens=64) -> str"),
     E("nb01_static_batching", "pad_batch", 2, "course_lib.static_batching:pad_batch",
@@ -95,7 +95,8 @@ EXERCISES: list[Exercise] = [
     E("nb03_paged_kv", "StudentBlockPool", 4, "course_lib.kv.block_pool:BlockPool",
       "class StudentBlockPool(num_pages, page_size): allocate / free / share / num_free_pages / ref_counts / is_free",
       definition=("`StudentBlockPool`: `allocate(n)` raises `course_lib.kv.block_pool.OutOfPages` and changes "
-                  "nothing when fewer than `n` pages are free; freeing a free page raises (any error); `share(page)` "
+                  "nothing when fewer than `n` pages are free; `free(pages)` raises (any error) and changes nothing when a "
+                  "page in the list has fewer owners than the times it is listed (a double free); `share(page)` "
                   "of a free page takes it off the free list; attributes `num_pages`, `page_size`, `ref_counts`, "
                   "hooks `on_evict = None`, `is_cached = lambda page: False`.")),
     E("nb03_paged_kv", "slot_mapping", 2, "course_lib.kv.slots:slot_mapping",

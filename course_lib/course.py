@@ -8,6 +8,7 @@ exercise is not finished yet.
     environment_report()  versions, CPU / GPU, Colab: printed, and returned as a dict
     checking(exercise)    first line of an exercise's test cell: remembers whether the cell passed
     use_or_reference(...) the student's piece if it is finished and passed its check, course_lib's otherwise
+    whose(name)           "your budget_sweep" or "course_lib's budget_sweep": a label for the numbers it produced
     padded_forward(...)   the model over a padded [B, L] batch with an attention mask
 
 Nothing here is needed by the engine itself; it exists so that every notebook opens with the
@@ -174,6 +175,9 @@ class CheckResult:
 
 CHECKS: dict[str, CheckResult] = {}
 _RUNNING: set[str] = set()  # exercises whose test cell is executing now
+# Whose piece the last use_or_reference(name, ...) handed out: {name: "student" | "reference"}, so that
+# a later label says whose code produced a number (`whose(name)`), never "your" where course_lib stood in.
+USED: dict[str, str] = {}
 
 
 def _record_cell_outcome(result) -> None:
@@ -243,12 +247,36 @@ def use_or_reference(name: str, student_impl, reference_impl, probe=None, quiet:
             first_line = (str(err).strip().splitlines() or [""])[0]
             reason = f"your {name} does not pass its checks yet ({type(err).__name__}: {first_line[:200]})"
     if reason is None:
+        USED[name] = "student"
         if not quiet:
             print(f"using your {name}")
         return student_impl
+    USED[name] = "reference"
     if not quiet:
-        print(f"{reason}: using course_lib's reference so you can keep going")
+        print(f"{reason}: using course_lib's reference so you can keep going ({stand_in_name(reference_impl)} "
+              f"stands in for your {name}: the numbers below that come from it are course_lib's, not yours)")
     return reference_impl
+
+
+def stand_in_name(impl) -> str:
+    """The dotted name of the piece that stands in (`course_lib.sim.token_budget.budget_sweep`), never its
+    source: a fallback names what it used without handing the answer over."""
+    module = getattr(impl, "__module__", None) or ""
+    qualname = getattr(impl, "__qualname__", None) or getattr(impl, "__name__", None) or type(impl).__name__
+    if "<" in qualname:  # a lambda or a function defined inside another: no importable name
+        return "a stand-in defined in this notebook"
+    return f"{module}.{qualname}" if module and module != "__main__" else qualname
+
+
+def whose(name: str) -> str:
+    """A label for a number a piece produced: "your <name>" when the student's piece was used,
+    "course_lib's <name>" when course_lib's stood in (see use_or_reference), "<name>" if neither is known."""
+    used = USED.get(name)
+    if used == "student":
+        return f"your {name}"
+    if used == "reference":
+        return f"course_lib's {name} (standing in for yours)"
+    return name
 
 
 # ------------------------------------------------------------------ a padded batch through the model

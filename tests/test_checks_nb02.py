@@ -59,6 +59,9 @@ RULE_MESSAGES = {
     "EntryBeforeAdmitting": "build the entry after admitting",
     "AdmitsBeforeRunning": "served first",
     "OneAdmissionPerStep": "every free seat in the same step",
+    "OvertakesHeadWithoutPages": 'Rule "first come, first served"',
+    "IgnoresMakeRoomRefusal": 'Rule "never out of pages"',
+    "ChargesCachedTokens": "cost no budget",
 }
 
 
@@ -78,3 +81,49 @@ def test_the_sweep_rows_are_the_simulated_clock_s_exact_numbers():
     assert first == again
     small, big = first
     assert small["ttft_p50_ms"] > big["ttft_p50_ms"] and small["itl_p99_ms"] < big["itl_p99_ms"], first
+
+
+# Every rule of the notebook's collapsed blocks is named by the failure of the mutant that breaks it (issue 24:
+# a student who designed it differently learns which rule to open).
+RULE_NAMES = {
+    "StudentScheduler": {
+        "IgnoresTokenBudget": "token budget", "ChunksBelowTheBudget": "token budget",
+        "AdmitsBeforeRunning": "running first", "OneAdmissionPerStep": "the turnstile",
+        "WaitsForEmptyBatch": "the turnstile", "SkipsRefusedHead": "first come, first served",
+        "OvertakesHeadWithoutPages": "first come, first served",
+        "AdmitsAfterPreempting": "no admission after preempting", "AlwaysChunks": "chunked prefill off",
+        "BigPromptWaitsForever": "chunked prefill off", "NoPreemption": "never out of pages",
+        "IgnoresMakeRoomRefusal": "never out of pages", "IgnoresAdmissionPolicy": "the policy decides",
+        "IgnoresPrefixCache": "prefix hits skipped", "PendingCountsCachedTokens": "prefix hits skipped",
+        "EntryBeforeAdmitting": "prefix hits skipped", "ChargesCachedTokens": "prefix hits skipped",
+        "NeverRetires": "retire at once", "LeaksPages": "retire at once",
+    },
+    "mean_batch_occupancy": {
+        "occupancy_unweighted": "weighted by duration", "occupancy_over_span": "weighted by duration",
+        "occupancy_any_untimed_equal": "weighted by duration", "occupancy_no_fallback": "untimed steps equal",
+        "occupancy_empty_crashes": "no steps", "occupancy_not_a_fraction": "a fraction of the seats",
+        "occupancy_counts_waiting": "a fraction of the seats",
+    },
+    "budget_sweep": {
+        "sweep_waits_past_arrival": "enter on arrival", "sweep_submits_all_at_once": "enter on arrival",
+        "sweep_sorts_budgets": "one row per budget", "sweep_one_engine": "fresh engine per budget",
+        "sweep_stamps_step_start": "the measurements", "sweep_in_seconds": "the measurements",
+    },
+}
+
+
+@pytest.mark.parametrize("exercise,mutant", [(e, m) for e, ms in RULE_NAMES.items() for m in sorted(ms)])
+def test_each_mutant_s_failure_names_its_rule(exercise, mutant):
+    for seed in EXERCISES[exercise].graded_seeds:
+        message = verdict(exercise, getattr(mutants, mutant), seed)
+        assert message and message.startswith(f'Rule "{RULE_NAMES[exercise][mutant]}"'), message
+
+
+def test_a_spinning_sweep_fails_fast_naming_the_cap():
+    """`<` for `<=` in the arrival test spins for ever on the idle clock: the check stops it at its cap."""
+    import time
+
+    start = time.perf_counter()
+    message = verdict("budget_sweep", mutants.sweep_waits_past_arrival, 0)
+    assert "without an engine step in between" in message and "(<=, not <)" in message, message
+    assert time.perf_counter() - start < 10

@@ -55,6 +55,8 @@ RULE_MESSAGES = {
     "SharedFreePageStaysCached": "hits the cached page",
     "PartialAllocation": "unchanged",
     "NoDoubleFreeCheck": "double free",
+    "FreeNotAtomic": 'Rule "all or nothing"',
+    "FreeDuplicatesPassValidation": "listed twice",
 }
 
 
@@ -111,3 +113,21 @@ def test_the_page_grid_shows_the_chosen_moments():
     assert len(titles) == 3 and all(t.startswith("step ") and "/12 pages" in t for t in titles), titles
     with pytest.raises(ValueError, match="record_page_owners"):
         viz.page_grid(LLMEngine(fixtures.random_model(0), EngineConfig()).step_stats)
+
+
+def test_course_lib_block_pool_free_is_all_or_nothing():
+    """The exercise's counterpart keeps the rule it grades: a double free anywhere in the list (a page
+    listed more times than it has owners, or one already free) raises before any page is released."""
+    from course_lib.kv.block_pool import BlockPool
+
+    pool = BlockPool(4, 4)
+    held = pool.allocate(3)
+    pool.share(held[1])
+    before = (list(pool.ref_counts), pool.num_free_pages)
+    for bad in ([held[0], held[0]], [held[1], held[2], 3], [held[2], held[1], held[1], held[1]]):
+        with pytest.raises(RuntimeError, match="double free"):
+            pool.free(bad)
+        assert (list(pool.ref_counts), pool.num_free_pages) == before, f"free({bad}) changed the books"
+    pool.free([held[1], held[1], held[0]])  # two owners listed twice: fine
+    assert pool.ref_counts[held[1]] == 0 and pool.num_free_pages == 3
+    pool.check_invariants()

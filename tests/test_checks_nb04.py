@@ -70,6 +70,10 @@ def test_messages_name_the_broken_rule():
         mutants.triton_no_rescale: "running max rises",
         mutants.triton_torch_wrapper: "no Triton kernel was launched",
         mutants.loops_no_max_trick: "OverflowError",
+        mutants.loops_in_bfloat16: 'Rule "float32 or wider"',
+        mutants.vectorized_in_bfloat16: 'Rule "float32 or wider"',
+        mutants.vectorized_loops_over_pages: 'Rule "no loop over pages"',
+        mutants.triton_unmasked_table_load: 'Rule "table entries of tokens only"',
     }
     for mutant, expected in hints.items():
         exercise = next(e for e, ms in mutants.MUTANTS.items() if mutant in ms)

@@ -73,3 +73,32 @@ def test_messages_name_the_broken_rule():
         exercise = next(e for e, ms in mutants.MUTANTS.items() if mutant in ms)
         message = verdict(exercise, mutant, 0)
         assert expected in message, f"{mutant.__name__}: {message}"
+
+
+RULE_NAMES = {
+    "summary_nearest_rank": "linear percentiles", "summary_unsorted": "linear percentiles",
+    "summary_tpot_over_n": "TPOT after the first", "summary_includes_failed": "completed only",
+    "summary_ttft_from_scheduling": "TTFT from arrival", "summary_truthy_times": "zero is a time",
+    "summary_busy_time": "throughput over the makespan", "summary_counts_failed_as_completed": "exact counters",
+    "summary_drops_empty_answers": "exact counters",
+    "closed_loop_all_at_once": "send when answered", "closed_loop_waves": "send when answered",
+    "closed_loop_one_user": "send when answered", "closed_loop_one_extra": "one engine, one rng",
+    "closed_loop_finish_order": "finished, in sent order", "closed_loop_rng_per_request": "one engine, one rng",
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(RULE_NAMES))
+def test_each_mutant_s_failure_names_its_rule(mutant):
+    """The rule names are those of the notebook's collapsed blocks (issue 24)."""
+    fn = getattr(mutants, mutant)
+    exercise = next(e for e, ms in mutants.MUTANTS.items() if fn in ms)
+    for seed in (0, 1, 2):
+        message = verdict(exercise, fn, seed)
+        assert message and message.startswith(f'Rule "{RULE_NAMES[mutant]}"'), message
+
+
+def test_a_zero_length_answer_counts_as_completed():
+    """A completed request without a token counts in `completed` and has a latency (issue 24's zero-length
+    requests): the mutant that drops it fails naming the counters."""
+    message = verdict("latency_summary", mutants.summary_drops_empty_answers, 0)
+    assert "completed" in message and "no token" in message, message

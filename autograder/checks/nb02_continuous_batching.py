@@ -13,7 +13,11 @@ retired with their pages freed, and no page leaked.
 The budget sweep is run on the check's own small workload (idle gaps, one-token answers, prompts
 longer than the budget, budgets out of order, a non-default seat count) under the simulated
 clock, where every number is deterministic: each row must equal course_lib's measurement, the
-curve must show the trade-off, and a second run must give the same rows.
+curve must show the trade-off, and a second run must give the same rows. The harness's clock stops a
+driver loop that spins without stepping (SPIN_CAP reads), so a `<` for `<=` fails in milliseconds.
+
+Every failure of a rule the notebook states starts `Rule "<short name>":`, the name of the notebook's
+collapsed block "The rules the check holds you to".
 """
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.scheduler.output import StepStats
 
 from .. import fixtures
-from .._checking import (RunnerLedger, call, check, drive, expect, fail, forbid_calls, kind_of, plain_float, plain_int,
+from .._checking import (RunnerLedger, broke, call, check, expect, fail, forbid_calls, kind_of, plain_float, plain_int,
                          pristine, same_float, show)
+from .._checking import _AssertionError as _CheckFailure
 
 
 def _reference_schedulers():
@@ -109,6 +114,9 @@ class _Inspector:
         sched, cfg = self.sched, self.engine.config
         before_running = [r for r in sched.running if r.finish_reason is None]
         waiting_before = list(sched.waiting)
+        # What each waiting request could start from (course_lib's lookup takes no page reference and moves
+        # no counter, so asking changes nothing): an admitted request must start right after its cached pages.
+        cached_before = {r.request_id: len(sched.kv.lookup_prefix(r)) * sched.kv.page_size for r in waiting_before}
         out = self._schedule()
         where = f"{self.scenario}, step {self.step}"
         self.step += 1
@@ -124,33 +132,48 @@ class _Inspector:
             expect(not admitted,
                    f"{where}: this step preempted {out.preempted} (the pool is full) and still admitted "
                    f"{_ids(admitted)} from the queue: expected no admission in a step that preempted, got "
-                   f"{len(admitted)}")
+                   f"{len(admitted)}", rule="no admission after preempting")
         head = waiting_before[:len(admitted)]
         if not out.preempted and _ids(admitted) != _ids(head):
-            fail(f"{where}: the queue was {_ids(waiting_before)[:6]} and this step admitted {_ids(admitted)}: "
-                 f"first come, first served means the first {len(admitted)} of the queue, in order "
-                 f"(expected {_ids(head)}); when the head cannot start, nobody behind it starts either")
+            broke("first come, first served",
+                  f"{where}: the queue was {_ids(waiting_before)[:6]} and this step admitted {_ids(admitted)}: "
+                  f"first come, first served means the first {len(admitted)} of the queue, in order "
+                  f"(expected {_ids(head)}); when the head cannot start (no seat, no budget, not enough free pages, "
+                  "or the policy says no), nobody behind it starts either")
         total = sum(s.num_new_tokens for s in out.scheduled)
         alone = not self.chunked and len(out.scheduled) == 1  # an unchunkable prompt may run alone
         expect(total <= cfg.max_num_batched_tokens or alone,
                f"{where}: {total} tokens scheduled ({[(s.request_id, s.num_new_tokens) for s in out.scheduled]}) "
-               f"but the step's budget is max_num_batched_tokens={cfg.max_num_batched_tokens}")
+               f"but the step's budget is max_num_batched_tokens={cfg.max_num_batched_tokens}", rule="token budget")
         expect(len(sched.running) <= cfg.max_num_seqs,
-               f"{where}: {len(sched.running)} requests running but there are only max_num_seqs={cfg.max_num_seqs} seats")
+               f"{where}: {len(sched.running)} requests running but there are only max_num_seqs={cfg.max_num_seqs} seats",
+               rule="seats")
         requests = self.engine.requests
         short = []
         for s in out.scheduled:
             r = requests[s.request_id]
-            expect(any(r is x for x in sched.running),
-                   f"{where}: {s.request_id} was scheduled but is not in self.running")
+            if not any(r is x for x in sched.running):
+                refused = r.request_id in out.preempted
+                broke("never out of pages" if refused else "running first",
+                      f"{where}: {s.request_id} was scheduled but is not in self.running"
+                      + (": it was preempted in this very step (self._make_room returned False: it was the youngest "
+                         "and gave its own pages back), so it gets nothing now; expected the step's service of "
+                         "running requests to stop there" if refused else ""))
             expect(s.num_new_tokens >= 1, f"{where}: {s.request_id} scheduled with {s.num_new_tokens} tokens")
             expect(s.start == r.num_computed_tokens,
                    f"{where}: {s.request_id}'s entry has start={s.start} but it has computed {r.num_computed_tokens} "
-                   "tokens (after a prefix-cache hit the counter has moved: build the entry after admitting)")
+                   "tokens (after a prefix-cache hit the counter has moved: build the entry after admitting)",
+                   rule="prefix hits skipped")
             expect(s.start + s.num_new_tokens <= r.num_tokens,
                    f"{where}: {s.request_id} has {r.num_tokens} known tokens, {s.start} computed, but was scheduled "
                    f"{s.num_new_tokens} more (expected at most {r.num_tokens - s.start}): tokens served from the "
-                   "prefix cache are not pending any more")
+                   "prefix cache are not pending any more", rule="prefix hits skipped")
+            if any(r is a for a in admitted) and s.request_id in cached_before and s.start != cached_before[s.request_id]:
+                broke("prefix hits skipped",
+                      f"{where}: {s.request_id} was admitted starting at token {s.start}, but its first "
+                      f"{cached_before[s.request_id]} tokens were served from the cache (self.kv.lookup_prefix "
+                      "found their pages): expected it to start right after them (look up its cached pages and "
+                      "admit it with them: self._admit(request, n, cached))")
             expect(s.samples == (s.start + s.num_new_tokens == r.num_tokens),
                    f"{where}: {s.request_id}: samples must be True exactly when the chunk reaches the last known "
                    f"token (start {s.start} + {s.num_new_tokens} vs {r.num_tokens} tokens), got {s.samples}")
@@ -160,28 +183,32 @@ class _Inspector:
                 expect(s.num_new_tokens == r.num_tokens - r.num_computed_tokens,
                        f"{where}: enable_chunked_prefill is False but {s.request_id} got a chunk of {s.num_new_tokens} "
                        f"of its {r.num_tokens - r.num_computed_tokens} pending tokens: expected the whole prompt or "
-                       "nothing")
+                       "nothing", rule="chunked prefill off")
         if self.chunked and short and total < cfg.max_num_batched_tokens:
             s = short[0]
-            fail(f"{where}: {s.request_id} got a chunk of {s.num_new_tokens} tokens and still has "
-                 f"{requests[s.request_id].num_tokens - s.start - s.num_new_tokens} pending, yet the step used only "
-                 f"{total} of its {cfg.max_num_batched_tokens}-token budget: expected the budget used up before "
-                 "a prompt is cut into chunks")
+            broke("token budget",
+                  f"{where}: {s.request_id} got a chunk of {s.num_new_tokens} tokens and still has "
+                  f"{requests[s.request_id].num_tokens - s.start - s.num_new_tokens} pending, yet the step used only "
+                  f"{total} of its {cfg.max_num_batched_tokens}-token budget: expected the budget used up before "
+                  "a prompt is cut into chunks")
         skipped = [r for r in before_running if any(r is x for x in sched.running) and r.request_id not in ids]
         if admitted and skipped:
-            fail(f"{where}: running request {skipped[0].request_id} got no tokens while newly admitted "
-                 f"{admitted[0].request_id} did: running requests keep their seats and are served first; "
-                 "the queue gets only the budget that is left")
+            broke("running first",
+                  f"{where}: running request {skipped[0].request_id} got no tokens while newly admitted "
+                  f"{admitted[0].request_id} did: running requests keep their seats and are served first; "
+                  "the queue gets only the budget that is left")
         if self.ample and not out.preempted:
             expect(not skipped, f"{where}: running request {skipped[0].request_id if skipped else ''} got no tokens "
-                                "although the budget and pages allowed it: every running request advances each step")
+                                "although the budget and pages allowed it: every running request advances each step",
+                   rule="running first")
             want = min(cfg.max_num_seqs, len(before_running) + len(waiting_before))
             expect(len(live) == want,
                    f"{where}: {len(before_running)} requests were running and {len(waiting_before)} waiting with "
                    f"{cfg.max_num_seqs} seats, so {want} should run after schedule(), but {len(live)} do: "
                    "admit waiting requests into every free seat in the same step (the turnstile), not only when "
-                   "the batch is empty or one per step")
-        self._expect_budget_spent(where, out, total, before_running, skipped)
+                   "the batch is empty or one per step", rule="the turnstile")
+        hit_admitted = any(cached_before.get(r.request_id) for r in admitted)
+        self._expect_budget_spent(where, out, total, before_running, skipped, hit_admitted)
         return out
 
     def _fits(self, pending: int, left: int) -> int:
@@ -191,7 +218,7 @@ class _Inspector:
             return min(pending, left)
         return pending if pending <= left or left == self.engine.config.max_num_batched_tokens else 0
 
-    def _expect_budget_spent(self, where, out, total, before_running, skipped):
+    def _expect_budget_spent(self, where, out, total, before_running, skipped, hit_admitted=False):
         """Rules 3 and 4 in every scenario: budget left at the end of a step that preempted nobody means
         nobody who could use it was passed over, neither a running request nor the head of the queue.
         (A step that preempted is left to rules 6 and 8: what its pages allowed is not known here.)"""
@@ -202,48 +229,53 @@ class _Inspector:
         for r in skipped:
             pending = r.num_tokens - r.num_computed_tokens
             if self._fits(pending, left) and sched.kv.can_allocate(r, pending):
-                fail(f"{where}: running request {r.request_id} ({pending} token(s) pending) got no tokens although "
-                     f"{left} of the step's {cfg.max_num_batched_tokens}-token budget was left and pages were free: "
-                     "expected every "
-                     "running request to advance, in seat order, while the budget allows")
-        # The queue's head: only without prefix caching (looking up its prefix would move the cache's counters).
-        if not sched.waiting or self.engine.prefix_cache is not None:
-            return
-        if len(sched.running) >= cfg.max_num_seqs:
+                broke("running first",
+                      f"{where}: running request {r.request_id} ({pending} token(s) pending) got no tokens although "
+                      f"{left} of the step's {cfg.max_num_batched_tokens}-token budget was left and pages were free: "
+                      "expected every running request to advance, in seat order, while the budget allows")
+        if not sched.waiting or len(sched.running) >= cfg.max_num_seqs:
             return
         head = sched.waiting[0]
-        pending = head.num_tokens - head.num_computed_tokens
+        # Its cached pages count for nothing: course_lib's lookup moves no counter and takes no reference.
+        cached = sched.kv.lookup_prefix(head)
+        pending = head.num_tokens - len(cached) * sched.kv.page_size
         n = self._fits(pending, left)
         # Pages for all its pending tokens, not just the chunk: then every reading of "the pages allow" agrees.
-        if n and sched.kv.can_allocate(head, pending) and self.admission.allows(head, sched.running):
+        if n and sched.kv.can_allocate(head, pending, cached) and self.admission.allows(head, sched.running):
             alone = (" (chunking off: a prompt bigger than the whole budget runs alone, in a step where nobody "
                      "else used any budget)") if not self.chunked and pending > cfg.max_num_batched_tokens else ""
-            fail(f"{where}: {len(sched.running)} of {cfg.max_num_seqs} seats taken, {left} of the "
-                 f"{cfg.max_num_batched_tokens}-token budget left and pages free, yet the head of the queue "
-                 f"{head.request_id} ({pending} token(s) pending"
-                 + ("" if self.chunked else ", chunking off") + f") was not admitted: expected it to start "
-                 f"with {n} tokens in this step (a free seat is refilled while the budget and the pages allow)"
-                 + alone)
+            hits = (" (tokens served from the prefix cache are not computed, so they cost no budget: neither the "
+                    "head's cached tokens nor those of a request admitted before it in this step)") if hit_admitted or cached else ""
+            broke("chunked prefill off" if alone else "prefix hits skipped" if hits else "the turnstile",
+                  f"{where}: {len(sched.running)} of {cfg.max_num_seqs} seats taken, {left} of the "
+                  f"{cfg.max_num_batched_tokens}-token budget left and pages free, yet the head of the queue "
+                  f"{head.request_id} ({pending} token(s) pending"
+                  + ("" if self.chunked else ", chunking off") + f") was not admitted: expected it to start "
+                  f"with {n} tokens in this step (a free seat is refilled while the budget and the pages allow)"
+                  + alone + hits)
 
     def after_step(self, engine):
         sched, kv, pool = self.sched, engine.kv, engine.pool
         where = f"{self.scenario}, after step {self.step - 1}"
         for r in sched.running:
             if r.is_finished:
-                fail(f"{where}: finished request {r.request_id} is still in self.running: finish(request) must "
-                     "remove it (that frees its seat for the next waiting request)")
+                broke("retire at once",
+                      f"{where}: finished request {r.request_id} is still in self.running: finish(request) must "
+                      "remove it (that frees its seat for the next waiting request)")
         for r in engine.requests.values():
             if r.is_finished and r.request_id in kv.tables:
-                fail(f"{where}: request {r.request_id} finished but still holds {len(kv.tables[r.request_id].pages)} "
-                     "KV pages: finish(request) must give them back at once")
+                broke("retire at once",
+                      f"{where}: request {r.request_id} finished but still holds {len(kv.tables[r.request_id].pages)} "
+                      "KV pages: finish(request) must give them back at once")
         held = sum(len(t.pages) for t in kv.tables.values())
         used = pool.num_pages - pool.num_free_pages
         if engine.prefix_cache is None:
             expect(held + pool.num_free_pages == pool.num_pages,
                    f"{where}: requests hold {held} pages and {pool.num_free_pages} are free, but the pool has "
-                   f"{pool.num_pages}: pages leaked")
+                   f"{pool.num_pages}: pages leaked", rule="retire at once")
         else:  # shared pages count once in the pool
-            expect(used <= held, f"{where}: {used} pages are in use but requests hold only {held}: pages leaked")
+            expect(used <= held, f"{where}: {used} pages are in use but requests hold only {held}: pages leaked",
+                   rule="retire at once")
 
 
 def _add_all(engine, specs):
@@ -260,27 +292,56 @@ def _scripted_engine(impl, config: EngineConfig, admission, specs, scenario, amp
     return engine, inspector, RunnerLedger(engine)
 
 
+def _drive(engine, who: str, max_steps: int, on_step=None) -> None:
+    """Step `engine` until every request is finished, at most `max_steps` steps (a scheduler that starves
+    a request, or never retires one, fails here within a second instead of hanging)."""
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests:
+            return
+        try:
+            engine.step()
+        except (NotImplementedError, _CheckFailure):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the engine failed under the student's decisions
+            from .._checking import describe_exception
+
+            if type(exc).__name__ == "OutOfPages":
+                broke("never out of pages",
+                      f"{who}: the engine failed mid-run with {describe_exception(exc)}. The pool ran out of pages: "
+                      "before a running request grows, make room for it (self._make_room preempts the youngest); "
+                      "a waiting request starts only if self.kv.can_allocate says its pages are free")
+            fail(f"{who}: the engine failed mid-run with {describe_exception(exc)}")
+        if on_step is not None:
+            on_step(engine)
+    stuck = [r.request_id for r in engine.requests.values() if not r.is_finished]
+    broke("nobody starves",
+          f"{who}: {len(stuck)} request(s) ({', '.join(stuck[:5])}) were still unfinished after {max_steps} engine "
+          "steps (the check's cap; the reference needs far fewer): a request that is never served, never admitted "
+          "or never retired starves")
+
+
 def _finish_checks(engine, scenario, specs, ledger):
     for i, spec in enumerate(specs):
         r = engine.requests[f"r{i}"]
         expect(r.is_finished and r.num_output_tokens == spec[1],
                f"{scenario}: request r{i} should have finished with {spec[1]} tokens, got {r.num_output_tokens} "
-               f"({r.status.value})")
+               f"({r.status.value})", rule="nobody starves")
     # The requests' own fields are within the scheduler's reach: hold them to what the engine's runner produced.
     ledger.expect_requests_match(engine, f"StudentScheduler ({scenario})")
     sched = engine.scheduler
     expect(not sched.running and not sched.waiting,
            f"{scenario}: after every request finished, {len(sched.running)} remain in self.running and "
-           f"{len(sched.waiting)} in self.waiting")
+           f"{len(sched.waiting)} in self.waiting", rule="retire at once")
     expect(engine.pool.num_free_pages == engine.pool.num_pages,
            f"{scenario}: after every request finished only {engine.pool.num_free_pages} of "
-           f"{engine.pool.num_pages} pages are free: finish(request) must free the request's pages")
+           f"{engine.pool.num_pages} pages are free: finish(request) must free the request's pages",
+           rule="retire at once")
 
 
 def _run_scripted(impl, name, allow, config, admission, specs, scenario, ample, chunked=True):
     engine, inspector, ledger = _scripted_engine(impl, config, admission, specs, scenario, ample, chunked)
     with forbid_calls(name, _reference_modules(), enabled=not allow):
-        drive(engine, f"{name} ({scenario})", max_steps=800, on_step=inspector.after_step)
+        _drive(engine, f"{name} ({scenario})", max_steps=800, on_step=inspector.after_step)
     _finish_checks(engine, scenario, specs, ledger)
     return engine, inspector
 
@@ -353,10 +414,10 @@ def check_StudentScheduler(impl, seed, allow_reference):
                               EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=256),
                               spy, specs, "an admission policy allowing 2 running requests", ample=False)
     expect(spy.calls > 0, f"{name}.schedule() never asked self.admission.can_admit(request, n, cached_pages, "
-                          "self.kv, self.running) before admitting a request")
+                          "self.kv, self.running) before admitting a request", rule="the policy decides")
     peak = max(s.num_running for s in engine.step_stats)
     expect(peak <= 2, f"{name} admitted a request although self.admission.can_admit(...) returned False (expected "
-                      f"at most 2 running, got {peak}): stop admitting when it says no")
+                      f"at most 2 running, got {peak}): stop admitting when it says no", rule="the policy decides")
 
     # 5. First come, first served: a policy refuses the long prompt at the head of the queue while anyone
     #    runs; the short requests behind it must wait too.
@@ -367,7 +428,16 @@ def check_StudentScheduler(impl, seed, allow_reference):
                   EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=256),
                   picky, specs, "the head of the queue refused by the admission policy", ample=False)
     expect(picky.refused, f"{name}: the policy was never asked about r1 (a long prompt queued behind a running "
-                          "request): expected can_admit to be asked for the head of the queue, got no call")
+                          "request): expected can_admit to be asked for the head of the queue, got no call",
+           rule="the policy decides")
+
+    # 5b. First come, first served when the head lacks pages: a 12-page pool, r0 decoding and growing, r1's
+    #     prompt needs more pages than are free until r0 is done; the short requests behind r1 wait too.
+    specs = [(rng.randint(17, 20), rng.randint(8, 10)), (rng.randint(29, 32), rng.randint(2, 3))]
+    specs += [(rng.randint(2, 4), rng.randint(2, 4)) for _ in range(2)]
+    _run_scripted(impl, name, allow_reference,
+                  EngineConfig(page_size=4, num_pages=12, max_num_seqs=4, max_num_batched_tokens=256, admission="none"),
+                  _SpyAdmission(), specs, "12-page pool, the head of the queue lacks pages", ample=False)
 
     # 6. A pool too small for everyone: make room by preempting (never run out of pages), and admit
     #    nobody in a step that had to preempt.
@@ -379,7 +449,15 @@ def check_StudentScheduler(impl, seed, allow_reference):
     expect(inspector.preempting_steps > 0,
            f"{name}: 6 requests needing up to 6 pages each shared a 10-page pool, yet no step preempted: "
            "expected the youngest running request to give its pages back (self._make_room) when a running "
-           "request cannot grow")
+           "request cannot grow", rule="never out of pages")
+
+    # 6b. _make_room says no: a 3-page pool, r0 (a short prompt, room left in its page) and r1 (8 tokens, two
+    #     full pages) fill it; r1's first decode needs a third page, none is free, and r1 is the youngest: making
+    #     room preempts r1 itself (False), and r1 gets nothing in that step.
+    _run_scripted(impl, name, allow_reference,
+                  EngineConfig(page_size=4, num_pages=3, max_num_seqs=2, max_num_batched_tokens=64, admission="none"),
+                  _SpyAdmission(), [(rng.randint(1, 3), rng.randint(5, 8)), (8, rng.randint(2, 4))],
+                  "a 3-page pool, the youngest must preempt itself", ample=False)
 
     # 7. Prefix caching on: a waiting request starts from its cached pages (kv.lookup_prefix), those tokens
     #    are not computed again, and the hit counter is exactly what course_lib's scheduler reaches.
@@ -393,7 +471,18 @@ def check_StudentScheduler(impl, seed, allow_reference):
     expect(got_hits == want_hits,
            f"{name} with prefix caching on (6 prompts sharing their first 12 tokens, 2 seats): expected "
            f"{want_hits} prompt tokens served from the cache, got {got_hits}: look up a waiting request's cached "
-           "pages with self.kv.lookup_prefix(request) and admit it with them (self._admit(request, n, cached))")
+           "pages with self.kv.lookup_prefix(request) and admit it with them (self._admit(request, n, cached))",
+           rule="prefix hits skipped")
+
+    # 7b. Prefix caching under a tight budget: tokens served from the cache are not computed, so they cost
+    #     no budget; a scheduler that charges them admits fewer requests than the budget allows.
+    shared = [rng.randrange(3, 60) for _ in range(12)]
+    specs = [(shared + [rng.randrange(3, 60) for _ in range(rng.randint(1, 3))], rng.randint(6, 9)) for _ in range(5)]
+    _run_scripted(impl, name, allow_reference,
+                  EngineConfig(page_size=4, num_pages=200, max_num_seqs=4, max_num_batched_tokens=10, admission="none",
+                               enable_prefix_caching=True),
+                  _SpyAdmission(), specs, "prefix caching on, a budget of 10 tokens, 5 prompts sharing 12 tokens",
+                  ample=False)
 
     # 8. Real tokens: the float64 model served through the scheduler equals the dense model.
     model = fixtures.random_model(seed)
@@ -406,15 +495,17 @@ def check_StudentScheduler(impl, seed, allow_reference):
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=8), request_id=f"r{i}")
     with forbid_calls(name, _reference_modules(), enabled=not allow_reference):
-        drive(engine, f"{name} (float64 model, 14-page pool)", max_steps=400)
+        _drive(engine, f"{name} (float64 model, 14-page pool)", max_steps=400)
     for i, w in enumerate(want):
         got = engine.requests[f"r{i}"].output_token_ids
         expect(got == w, f"{name}: serving the float64 model, request r{i} (prompt of {len(prompts[i])} tokens) "
                          f"produced {got}, but the model's greedy answer is {w}: a chunk or a decode was scheduled "
-                         "with the wrong start / number of tokens, or a request resumed from the wrong point")
+                         "with the wrong start / number of tokens, or a request resumed from the wrong point",
+               rule="identical answers")
     ledger.expect_requests_match(engine, f"{name} (float64 model, 14-page pool)")
     expect(engine.pool.num_free_pages == engine.pool.num_pages,
-           f"{name}: after serving the model, {engine.pool.num_pages - engine.pool.num_free_pages} pages are still used")
+           f"{name}: after serving the model, {engine.pool.num_pages - engine.pool.num_free_pages} pages are still used",
+           rule="retire at once")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,9 +514,10 @@ def check_StudentScheduler(impl, seed, allow_reference):
 
 
 def _stats(rows):
-    """rows: (num_running, num_waiting, duration)."""
+    """rows: (num_running, num_waiting, duration[, idle time before the step])."""
     out, t = [], 0.0
-    for i, (running, waiting, duration) in enumerate(rows):
+    for i, (running, waiting, duration, *idle) in enumerate(rows):
+        t += idle[0] if idle else 0.0
         out.append(StepStats(step=i, start_time=t, end_time=t + duration, num_running=running, num_waiting=waiting,
                              num_prefill_tokens=0, num_decode_tokens=running, num_padded_tokens=0,
                              context_tokens_read=0, attention_context_tokens=0, kv_tokens_written=running,
@@ -437,26 +529,40 @@ def _stats(rows):
 def _occupancy(rows, max_num_seqs):
     if not rows:
         return 0.0
-    w = [d for _, _, d in rows]
+    w = [row[2] for row in rows]
     if sum(w) == 0:
         w = [1.0] * len(rows)
-    return sum(wi * r for wi, (r, _, _) in zip(w, rows)) / (max_num_seqs * sum(w))
+    return sum(wi * row[0] for wi, row in zip(w, rows)) / (max_num_seqs * sum(w))
 
 
-def _occupancy_hint(rows, seats, got) -> str:
+def _occupancy_hint(rows, seats, got) -> tuple[str, str]:
+    """(the rule a plausible misreading breaks, a sentence naming it), or ("", "")."""
     n = len(rows)
-    alternatives = {
-        "an unweighted mean over steps; weight each step by its duration (end_time - start_time)":
-            sum(r for r, _, _ in rows) / (seats * n),
-        "the mean number of running requests; divide by max_num_seqs to get a fraction of the seats":
-            _occupancy(rows, 1),
-        "waiting requests as if they held seats; only num_running counts":
-            _occupancy([(r + w, 0, d) for r, w, d in rows], seats),
-    }
-    for reason, value in alternatives.items():
+    steps = _stats(rows)
+    span = steps[-1].end_time - steps[0].start_time if steps else 0.0
+    seated = sum(row[0] * row[2] for row in rows)
+    weighted = "weighted by duration"
+    alternatives = [
+        (weighted, "equal weights because some step has no duration; equal weights only when NO step has one "
+                   "(a zero-length step beside timed ones weighs nothing)",
+         sum(row[0] for row in rows) / (seats * n)),
+        (weighted, "an unweighted mean over steps; weight each step by its duration (end_time - start_time)",
+         sum(row[0] for row in rows) / (seats * n)),
+        (weighted, "the seat-seconds divided by the run's span (last end_time - first start_time); idle time "
+                   "between steps is no step: divide by the sum of the steps' durations",
+         seated / (seats * span) if span > 0 else None),
+        ("a fraction of the seats", "the mean number of running requests; divide by max_num_seqs to get a fraction "
+                                    "of the seats", _occupancy(rows, 1)),
+        ("a fraction of the seats", "waiting requests as if they held seats; only num_running counts",
+         _occupancy([(r + w, 0, d) for r, w, d, *_ in rows], seats)),
+    ]
+    mixed = any(row[2] == 0 for row in rows) and any(row[2] > 0 for row in rows)
+    for rule, reason, value in alternatives:
+        if value is None or (reason.startswith("equal weights because") and not mixed):
+            continue
         if same_float(got, value) and not same_float(value, _occupancy(rows, seats)):
-            return f" It looks like you computed {reason}."
-    return ""
+            return rule, f" It looks like you computed {reason}."
+    return "", ""
 
 
 def _occupancy_module():
@@ -468,27 +574,46 @@ def _occupancy_module():
 @check("mean_batch_occupancy")
 def check_mean_batch_occupancy(impl, seed, allow_reference):
     rng = random.Random(seed)
+    weighted_rule = "weighted by duration"
     seats = rng.choice([4, 8])
     cases = [([(2, 0, 1.0), (4, 3, 1.0), (1, 0, 2.0)], 4)]
     cases.append(([(rng.randint(0, seats), rng.randint(0, 5), rng.choice([0.5, 1.0, 2.0, 3.5])) for _ in range(7)], seats))
     cases.append(([(rng.randint(0, seats), rng.randint(0, 3), 0.0) for _ in range(4)], seats))  # untimed steps
+    # Idle gaps between steps (the engine waited for arrivals): they are no step and weigh nothing.
+    cases.append(([(rng.randint(1, seats), 0, rng.choice([0.5, 1.0]), rng.choice([0.0, 2.0, 6.5])) for _ in range(5)]
+                  + [(seats, 0, 1.5, 4.0)], seats))
+    # Timed and zero-length steps mixed: a zero-length step weighs nothing (the fallback is for NO duration).
+    mixed = [(rng.randint(0, seats), 0, rng.choice([0.0, 0.0, 1.0, 2.5])) for _ in range(6)]
+    cases.append((mixed + [(0, 1, 0.0), (seats, 0, 1.0)], seats))
     cases.append(([], seats))
     for rows, max_num_seqs in cases:
         steps = _stats(rows)
-        shown = (f"mean_batch_occupancy(<{len(rows)} steps: num_running {[r for r, _, _ in rows]}, durations "
-                 f"{[d for _, _, d in rows]}>, max_num_seqs={max_num_seqs})")
+        gaps = [row[3] if len(row) > 3 else 0.0 for row in rows]
+        shown = (f"mean_batch_occupancy(<{len(rows)} steps: num_running {[row[0] for row in rows]}, durations "
+                 f"{[row[2] for row in rows]}" + (f", idle gaps before them {gaps}" if any(gaps) else "")
+                 + f">, max_num_seqs={max_num_seqs})")
         with forbid_calls("mean_batch_occupancy", _occupancy_module(), enabled=not allow_reference):
-            got = call(shown, impl, steps, max_num_seqs)
+            try:
+                got = call(shown, impl, steps, max_num_seqs)
+            except _CheckFailure as failure:  # a crash on the cases a rule is about names that rule
+                if not rows:
+                    broke("no steps", f"{failure} (no steps at all: return 0.0)")
+                if all(row[2] == 0 for row in rows):
+                    broke("untimed steps equal", f"{failure} (no step has a duration: weigh the steps equally)")
+                raise
         want = _occupancy(rows, max_num_seqs)
         expect(plain_float(got) is not None, lambda: f"{shown} must return a float, got {kind_of(got)} {show(got)}")
         got = plain_float(got)
         if not rows:
-            expect(got == 0.0, f"{shown}: no steps means an occupancy of 0.0, got {got!r}")
+            expect(got == 0.0, f"{shown}: no steps means an occupancy of 0.0, got {got!r}", rule="no steps")
             continue
-        if all(d == 0 for _, _, d in rows) and not same_float(got, want):
-            fail(f"{shown} = {got!r}, expected {want!r}: when no step has a duration, weigh the steps equally")
-        expect(same_float(got, want), lambda: f"{shown} = {got!r}, expected {want!r} (time-weighted mean of "
-                                              f"num_running / max_num_seqs).{_occupancy_hint(rows, max_num_seqs, got)}")
+        if all(row[2] == 0 for row in rows) and not same_float(got, want):
+            broke("untimed steps equal",
+                  f"{shown} = {got!r}, expected {want!r}: when no step has a duration, weigh the steps equally")
+        if not same_float(got, want):
+            rule, hint = _occupancy_hint(rows, max_num_seqs, got)
+            broke(rule or weighted_rule, f"{shown} = {got!r}, expected {want!r} (time-weighted mean of "
+                                         f"num_running / max_num_seqs).{hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,50 +641,90 @@ def _sweep_workload(seed):
     return specs
 
 
-def _sweep_engine(budget, seats):
+SPIN_CAP = 5000  # clock reads (now / wait_until) between two engine steps before a loop counts as endless
+
+
+def _capped_clock(budget, shown):
+    """The simulated H100 clock, counting the reads between two priced steps: a driver loop that spins
+    without stepping (a request never submitted because `<` stands where `<=` belongs, so the idle clock
+    jumps to its arrival again and again) fails within milliseconds, naming the cap, instead of hanging."""
+    from course_lib.sim.clock import SimulatedClock
+
+    class CappedClock(SimulatedClock):
+        reads = 0
+
+        def _count(self):
+            self.reads += 1
+            if self.reads > SPIN_CAP:
+                broke("enter on arrival",
+                      f"{shown}: at budget {budget}, the engine's clock was read {SPIN_CAP} times without an engine "
+                      f"step in between (the check's cap; the clock stands at {1e3 * SimulatedClock.now(self):.1f} "
+                      "ms): the loop spins without serving anything. A request whose arrival_time equals "
+                      "clock.now() has arrived (<=, not <): submit it, then step")
+
+        def now(self):
+            self._count()
+            return super().now()
+
+        def wait_until(self, t):
+            self._count()
+            return super().wait_until(t)
+
+        def charge(self, stats):
+            self.reads = 0
+            return super().charge(stats)
+
+    return CappedClock("H100", "llama-3-8b")
+
+
+def _sweep_engine(budget, seats, shown=""):
     """What course_lib.sim.token_budget.make_sweep_engine builds, built here: the student's run may not
     call into that module (it holds the answer)."""
-    from course_lib.sim.clock import SimulatedClock
     from course_lib.sim.simulate import make_engine_config, scripted_model_config
 
     config = make_engine_config(max_num_seqs=seats, max_num_batched_tokens=budget, kv_tokens=65536,
                                 admission="none", max_model_len=2048)
-    return LLMEngine(scripted_model_config(2048), config, clock=SimulatedClock("H100", "llama-3-8b"))
+    return LLMEngine(scripted_model_config(2048), config, clock=_capped_clock(budget, shown))
 
 
 class _SweepHarness:
     """The make_engine / submit callables handed to the student's function: they build the check's
     engines and watch that every request enters a fresh engine once, and not before it arrives."""
 
-    def __init__(self, seats, specs):
-        self.seats, self.specs = seats, {s.request_id: s for s in pristine(specs)}
+    def __init__(self, seats, specs, shown=""):
+        self.seats, self.specs, self.shown = seats, {s.request_id: s for s in pristine(specs)}, shown
         self.engines: list = []
         self.submitted: dict[int, set] = {}
 
     def make_engine(self, budget):
         value = plain_int(budget)
         expect(value is not None and value >= 1,
-               lambda: f"make_engine(budget) was called with {show(budget)}: expected one of the budgets, an int >= 1")
-        engine = _sweep_engine(value, self.seats)
+               lambda: f"make_engine(budget) was called with {show(budget)}: expected one of the budgets, an int >= 1",
+               rule="fresh engine per budget")
+        engine = _sweep_engine(value, self.seats, self.shown)
         self.engines.append(engine)
         self.submitted[id(engine)] = set()
         return engine
 
     def submit(self, engine, spec):
         seen = self.submitted.get(id(engine))
-        expect(seen is not None, "submit(engine, spec) was called with an engine that make_engine(budget) did not build")
+        expect(seen is not None, "submit(engine, spec) was called with an engine that make_engine(budget) did not build",
+               rule="fresh engine per budget")
         rid = getattr(spec, "request_id", None)
         expect(type(rid) is str and rid in self.specs,
-               lambda: f"submit(engine, spec) was called with {show(spec)}: expected one of the specs you were given")
+               lambda: f"submit(engine, spec) was called with {show(spec)}: expected one of the specs you were given",
+               rule="enter on arrival")
         spec = self.specs[rid]  # the check's own copy: what the student's code was handed may have been changed
         expect(spec.request_id not in seen,
-               f"submit: request {spec.request_id} was submitted twice to the same engine (each request enters once)")
+               f"submit: request {spec.request_id} was submitted twice to the same engine (each request enters once)",
+               rule="enter on arrival")
         now = engine.clock.now()
         arrival = spec.arrival_time or 0.0
         expect(now >= arrival - 1e-12,
                f"submit: request {spec.request_id} arrives at {1e3 * arrival:.1f} ms but entered the engine at "
                f"{1e3 * now:.1f} ms: expected each request to enter once the clock (engine.clock.now()) has reached "
-               "its arrival time, not before (an idle engine jumps there with engine.clock.wait_until)")
+               "its arrival time, not before (an idle engine jumps there with engine.clock.wait_until)",
+               rule="enter on arrival")
         seen.add(spec.request_id)
         engine.add_request([5] * spec.prompt_len, SamplingParams(max_tokens=spec.output_len),
                            request_id=spec.request_id, arrival_time=arrival, scripted_output_len=spec.output_len)
@@ -594,27 +759,31 @@ def _alternatives(budget, times):
 
 def _rows_of(got, budgets, shown):
     expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of dicts (one per budget), got "
-                                               f"{kind_of(got)}")
+                                               f"{kind_of(got)}", rule="one row per budget")
     got = list(got)
-    expect(len(got) == len(budgets), f"{shown} returned {len(got)} rows, expected {len(budgets)} (one per budget)")
+    expect(len(got) == len(budgets), f"{shown} returned {len(got)} rows, expected {len(budgets)} (one per budget)",
+           rule="one row per budget")
     rows = []
     for i, row in enumerate(got):
-        expect(type(row) is dict, lambda: f"{shown}: row {i} is {kind_of(row)}, expected a dict")
+        expect(type(row) is dict, lambda: f"{shown}: row {i} is {kind_of(row)}, expected a dict",
+               rule="one row per budget")
         missing = [k for k in _KEYS if k not in row]
-        expect(not missing, f"{shown}: row {i} lacks the keys {missing} (expected at least {list(_KEYS)})")
+        expect(not missing, f"{shown}: row {i} lacks the keys {missing} (expected at least {list(_KEYS)})",
+               rule="one row per budget")
         values = {}
         for k in _KEYS:
             v = row[k]
             value = plain_int(v) if k == "budget" else plain_float(v)
             expect(value is not None and math.isfinite(value),
                    lambda: f"{shown}: row {i}[{k!r}] = {show(v)}, expected a finite number"
-                           + (" (an int: the budget you were given)" if k == "budget" else ""))
+                           + (" (an int: the budget you were given)" if k == "budget" else ""),
+                   rule="one row per budget")
             values[k] = value
         rows.append(values)
     got = rows
     expect([row["budget"] for row in got] == list(budgets),
            f"{shown}: the rows' budgets are {[row['budget'] for row in got]}, expected {list(budgets)} (one row per "
-           "budget, in the order given)")
+           "budget, in the order given)", rule="one row per budget")
     return got
 
 
@@ -632,17 +801,18 @@ def check_budget_sweep(impl, seed, allow_reference):
              f"{max(s.prompt_len for s in specs)} tokens, an idle gap of 3 s>, make_engine (seats={seats}), submit)")
     # The expected rows first, from the check's own specs: the student's code is handed copies of them.
     want_rows = budget_sweep(list(budgets), pristine(specs), lambda b: make_sweep_engine(b, seats=seats), submit)
-    harness = _SweepHarness(seats, specs)
+    harness = _SweepHarness(seats, specs, shown)
     with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
         got = call(shown, impl, list(budgets), pristine(specs), harness.make_engine, harness.submit)
     rows = _rows_of(got, budgets, shown)
     expect(len(harness.engines) == len(budgets),
            f"{shown}: make_engine was called {len(harness.engines)} times, expected {len(budgets)}: a fresh engine "
-           "per budget (an engine keeps its clock and its requests)")
+           "per budget (an engine keeps its clock and its requests)", rule="fresh engine per budget")
     for engine in harness.engines:
         missing = sorted(set(harness.specs) - harness.submitted[id(engine)])
         expect(not missing, f"{shown}: requests {missing[:4]} never entered the engine of budget "
-                            f"{engine.config.max_num_batched_tokens}: expected every request served at every budget")
+                            f"{engine.config.max_num_batched_tokens}: expected every request served at every budget",
+               rule="enter on arrival")
 
     for row, want in zip(rows, want_rows):
         for key in _KEYS[1:]:
@@ -654,7 +824,8 @@ def check_budget_sweep(impl, seed, allow_reference):
                 if same_float(row[key], value, rel=1e-6):
                     hint = f" It looks like {reason}."
                     break
-            fail(f"{shown}: at budget {want['budget']}, {key} = {float(row[key]):.4f}, expected {want[key]:.4f} "
+            broke("the measurements",
+                 f"{shown}: at budget {want['budget']}, {key} = {float(row[key]):.4f}, expected {want[key]:.4f} "
                  f"(TTFT: arrival to first token per request; inter-token gaps: between consecutive tokens of one "
                  f"request, a token timed at the end of the step that produced it; p50 / p99 with np.percentile, in "
                  f"ms).{hint}")
@@ -664,9 +835,9 @@ def check_budget_sweep(impl, seed, allow_reference):
     expect(small["ttft_p50_ms"] > big["ttft_p50_ms"] and small["itl_p99_ms"] < big["itl_p99_ms"],
            f"{shown}: expected the trade-off (budget {small['budget']}: higher TTFT p50, lower ITL p99 than budget "
            f"{big['budget']}), got TTFT p50 {small['ttft_p50_ms']:.1f} vs {big['ttft_p50_ms']:.1f} ms and ITL p99 "
-           f"{small['itl_p99_ms']:.2f} vs {big['itl_p99_ms']:.2f} ms")
+           f"{small['itl_p99_ms']:.2f} vs {big['itl_p99_ms']:.2f} ms", rule="the measurements")
 
-    harness2 = _SweepHarness(seats, specs)
+    harness2 = _SweepHarness(seats, specs, shown)
     with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
         again = call(shown, impl, list(budgets), pristine(specs), harness2.make_engine, harness2.submit)
     again = _rows_of(again, budgets, shown)
@@ -675,4 +846,4 @@ def check_budget_sweep(impl, seed, allow_reference):
             expect(same_float(a[key], b[key], rel=1e-12),
                    f"{shown} run twice on the same workload gave {key} = {a[key]!r} then {b[key]!r} at budget "
                    f"{a['budget']}: expected the same numbers (measure with the engine's clock, engine.clock.now(), "
-                   "not the wall clock)")
+                   "not the wall clock)", rule="same rows twice")

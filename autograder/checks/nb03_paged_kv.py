@@ -17,7 +17,7 @@ import random
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, call, check, drive, expect, expect_unchanged, fail, forbid_calls, is_tensor,
+from .._checking import (REFERENCE_MESSAGE, broke, call, check, describe_exception, drive, expect, expect_unchanged, fail, forbid_calls, is_tensor,
                          kind_of, plain_int, pristine, show, watch_calls)
 
 
@@ -68,26 +68,37 @@ class _PoolModel:
                         f"page {page} is marked free (is_free({page}) is True) but {self.refs[page]} owner(s) still hold it")
         return None
 
-    def verify(self, action: str) -> None:
+    def verify(self, action: str, sharing: bool = False) -> None:
         self.log.append(action)
         error = self.state_error()
         if error:
-            history = "; ".join(self.log[-4:])
-            fail(f"StudentBlockPool({self.num_pages} pages): after {action}, {error}. (Last operations: {history})")
+            message = (f"StudentBlockPool({self.num_pages} pages): after {action}, {error}. (Last operations: "
+                       f"{'; '.join(self.log[-4:])})")
+            if sharing:
+                broke("shared until last owner", message)
+            broke("the books", message)
 
     def allocate(self, n, action):
         free_before = set(self.free_pages)
-        pages = call(f"allocate({n})", self.pool.allocate, n)
+        try:
+            pages = self.pool.allocate(n)
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the student's code refused pages it has
+            broke("distinct free pages", f"StudentBlockPool: {action}: allocate({n}) with {len(free_before)} free "
+                                         f"pages raised {describe_exception(exc)}: it must hand them out")
         expect(isinstance(pages, (list, tuple)), f"StudentBlockPool.allocate({n}) must return a list of page ids, "
-                                                 f"got {type(pages).__name__}")
+                                                 f"got {type(pages).__name__}", rule="distinct free pages")
         pages = list(pages)
-        expect(len(pages) == n, f"StudentBlockPool.allocate({n}) returned {len(pages)} pages: {pages}")
-        expect(len(set(pages)) == n, f"StudentBlockPool.allocate({n}) returned the same page twice: {pages}")
+        expect(len(pages) == n, f"StudentBlockPool.allocate({n}) returned {len(pages)} pages: {pages}", rule="distinct free pages")
+        expect(len(set(pages)) == n, f"StudentBlockPool.allocate({n}) returned the same page twice: {pages}", rule="distinct free pages")
         for p in pages:
             expect(isinstance(p, int) and 0 <= p < self.num_pages,
-                   f"StudentBlockPool.allocate({n}) returned {p!r}, not a page id in 0..{self.num_pages - 1}")
+                   f"StudentBlockPool.allocate({n}) returned {p!r}, not a page id in 0..{self.num_pages - 1}",
+                   rule="distinct free pages")
             if p not in free_before:
-                fail(f"StudentBlockPool: {action}: allocate({n}) handed out page {p}, which is still in use "
+                broke("distinct free pages", f"StudentBlockPool: {action}: allocate({n}) handed out page {p}, which "
+                      "is still in use "
                      f"({self.refs[p]} owner(s)): a page in use must never be allocated again (check free() and "
                      "share() keep the free list right)")
         for p in pages:
@@ -104,7 +115,7 @@ class _PoolModel:
     def share(self, page, action):
         call(f"share({page})", self.pool.share, page)
         self.refs[page] += 1
-        self.verify(f"{action} (share({page}))")
+        self.verify(f"{action} (share({page}))", sharing=True)
 
     def expect_out_of_pages(self, n, action):
         before = len(self.free_pages)
@@ -113,43 +124,66 @@ class _PoolModel:
         except Exception as exc:  # noqa: BLE001
             expect(_is_out_of_pages(exc),
                    f"StudentBlockPool: allocate({n}) with only {before} free pages must raise OutOfPages "
-                   f"(from course_lib.kv.block_pool import OutOfPages), got {type(exc).__name__}: {exc}")
+                   f"(from course_lib.kv.block_pool import OutOfPages), got {type(exc).__name__}: {exc}",
+                   rule="all or nothing")
         else:
-            fail(f"StudentBlockPool: allocate({n}) with only {before} free pages must raise OutOfPages, "
-                 "but it returned")
+            broke("all or nothing", f"StudentBlockPool: allocate({n}) with only {before} free pages must raise "
+                                    "OutOfPages, but it returned")
         error = self.state_error()
         if error:
-            fail(f"StudentBlockPool: after allocate({n}) failed with only {before} free pages, the pool must be "
+            broke("all or nothing", f"StudentBlockPool: after allocate({n}) failed with only {before} free pages, the pool must be "
                  f"unchanged (check before taking any page), but {error}")
         self.log.append(f"{action} (allocate({n}) -> OutOfPages)")
+
+
+def _expect_rejected_free(m, pages, what):
+    """free(pages) must raise (some page in it has fewer owners than the list frees) and change nothing."""
+    before = list(m.refs)
+    try:
+        m.pool.free(list(pages))
+    except Exception:  # noqa: BLE001 - any error is fine: a double free must not pass silently
+        pass
+    else:
+        broke("double free raises", f"StudentBlockPool: {what}: free must raise an error (a double free); silently "
+                                    "accepting it corrupts the free list")
+    error = m.state_error()
+    if error:
+        if len(pages) > 1:
+            broke("all or nothing", f"StudentBlockPool: {what}: free raised, but the books changed: {error}. Check "
+                                    "every page of the list (counting repeats) before changing anything")
+        broke("double free raises", f"StudentBlockPool: after the rejected {what}, {error}")
+    m.refs = before
+    m.log.append(f"{what} (rejected)")
 
 
 def _walkthrough(impl):
     m = _PoolModel(impl, 8, 4)
     pool = m.pool
     expect(getattr(pool, "num_pages", None) == 8 and getattr(pool, "page_size", None) == 4,
-           "StudentBlockPool(8, 4) must store num_pages=8 and page_size=4 as attributes (the engine reads them)")
+           "StudentBlockPool(8, 4) must store num_pages=8 and page_size=4 as attributes (the engine reads them)",
+           rule="the books")
     expect(getattr(pool, "on_evict", "missing") is None,
-           "StudentBlockPool must start with the hook on_evict = None (the prefix cache sets it later)")
+           "StudentBlockPool must start with the hook on_evict = None (the prefix cache sets it later)",
+           rule="hooks start off")
     is_cached = getattr(pool, "is_cached", None)
     expect(callable(is_cached) and not is_cached(0),
-           "StudentBlockPool must start with the hook is_cached = lambda page: False (the prefix cache sets it later)")
+           "StudentBlockPool must start with the hook is_cached = lambda page: False (the prefix cache sets it later)",
+           rule="hooks start off")
     m.verify("StudentBlockPool(8, 4)")
     a = m.allocate(3, "request A arrives")
     b = m.allocate(5, "request B takes the last 5 free pages")
     m.expect_out_of_pages(1, "request C finds the pool full")
     m.free(a, "request A finishes")
     m.expect_out_of_pages(4, "request C asks for 4 pages")
-    try:
-        pool.free([a[0]])
-    except Exception:  # noqa: BLE001 - any error is fine: a double free must not pass silently
-        pass
-    else:
-        fail(f"StudentBlockPool: freeing page {a[0]} a second time (request A already freed it) must raise an error "
-             "(double free); silently accepting it corrupts the free list")
-    error = m.state_error()
-    if error:
-        fail(f"StudentBlockPool: after the rejected double free of page {a[0]}, {error}")
+    _expect_rejected_free(m, [a[0]], f"freeing page {a[0]} a second time (request A already freed it)")
+    # All or nothing: the double free is found half-way through the list (first or last), after pages
+    # the call could legally free; the books must still be as they were.
+    _expect_rejected_free(m, [b[0], a[0]], f"free([{b[0]}, {a[0]}]): page {b[0]} is held by request B, page {a[0]} "
+                                           "is already free (found half-way through the list)")
+    _expect_rejected_free(m, [a[0], b[1]], f"free([{a[0]}, {b[1]}]): page {a[0]} is already free, page {b[1]} is "
+                                           "held by request B")
+    # Duplicates in one call: page b[2] has one owner, the list frees it twice.
+    _expect_rejected_free(m, [b[2], b[2]], f"free([{b[2]}, {b[2]}]): page {b[2]} has one owner but is listed twice")
     # Sharing: a page used by B gains an owner; it stays used until both have freed it.
     shared = b[0]
     m.share(shared, f"request D shares B's page {shared}")
@@ -159,12 +193,13 @@ def _walkthrough(impl):
     revived = m.free_pages[0]
     m.share(revived, f"request E revives the free cached page {revived}")
     rest = m.allocate(len(m.free_pages), "request F takes every other free page")
-    expect(revived not in rest, f"StudentBlockPool: page {revived} was revived by share() but allocate() handed it out again")
+    expect(revived not in rest, f"StudentBlockPool: page {revived} was revived by share() but allocate() handed it out "
+                                "again", rule="shared until last owner")
     m.free(rest, "request F finishes")
     m.free([revived], "request E finishes")
     m.free(b[1:], "request B finishes")
     expect(pool.num_free_pages == 8, f"StudentBlockPool: after every request finished, num_free_pages is "
-                                     f"{pool.num_free_pages}, expected 8")
+                                     f"{pool.num_free_pages}, expected 8", rule="the books")
 
 
 def _random_walk(impl, seed):
@@ -211,7 +246,7 @@ def _hooks_walkthrough(impl):
 
     def on_evict(page):
         expect(page in cached, f"StudentBlockPool: on_evict({page}) was called but is_cached({page}) is False: "
-                               "expected on_evict only for pages whose contents are cached")
+                               "expected on_evict only for pages whose contents are cached", rule="evict only on reuse")
         cached.discard(page)
         evicted.append(page)
 
@@ -219,26 +254,26 @@ def _hooks_walkthrough(impl):
     pool.on_evict = on_evict
     first = m.allocate(6, "request A takes all 6 pages (none cached)")
     expect(not evicted, f"StudentBlockPool: allocate(6) on a pool with nothing cached called on_evict for {evicted}: "
-                        "expected no call (is_cached was False for every page)")
+                        "expected no call (is_cached was False for every page)", rule="evict only on reuse")
     prefix = first[:3]
     cached.update(prefix)
     m.free(first, f"request A finishes; its pages {prefix} stay cached")
     expect(not evicted, f"StudentBlockPool: free({first}) called on_evict for {evicted}: a cached page keeps its "
                         "contents when its last owner frees it (a later prompt may hit it); expected no eviction "
-                        "until allocate hands the page out again")
+                        "until allocate hands the page out again", rule="evict only on reuse")
     expect(all(pool.is_free(p) for p in prefix),
            f"StudentBlockPool: cached pages {prefix} were freed (nobody holds them) but is_free says otherwise: a "
-           "cached page nobody holds is free (it may be reused, or revived by share)")
+           "cached page nobody holds is free (it may be reused, or revived by share)", rule="evict only on reuse")
     revived = prefix[0]
     m.share(revived, f"request B's prompt hits the cached page {revived}")
     expect(not evicted, f"StudentBlockPool: share({revived}) of a cached page called on_evict({evicted[0] if evicted else ''}): "
-                        "reviving a cached page keeps its contents, expected no eviction")
+                        "reviving a cached page keeps its contents, expected no eviction", rule="evict only on reuse")
     taken = m.allocate(5, "request C takes the 5 other pages")
     want = sorted(p for p in taken if p in prefix)
     expect(sorted(evicted) == want,
            f"StudentBlockPool: allocate(5) handed out {taken}, of which the cached pages are {want}, but on_evict was "
            f"called for {sorted(evicted)}: expected on_evict(page) once for each cached page handed out, before it "
-           "is reused (its old contents are about to be overwritten)")
+           "is reused (its old contents are about to be overwritten)", rule="evict only on reuse")
     m.free(taken, "request C finishes")
     m.free([revived], "request B finishes")
 
@@ -257,7 +292,7 @@ def _serve_with_prefix_cache(impl, seed, name):
                                            admission="none", enable_prefix_caching=True), block_pool=pool)
     evictions = []
     hook = pool.on_evict
-    expect(callable(hook), f"{name}: with prefix caching on, the engine sets pool.on_evict, but it is {hook!r}")
+    expect(callable(hook), f"{name}: with prefix caching on, the engine sets pool.on_evict, but it is {hook!r}", rule="evict only on reuse")
     pool.on_evict = lambda page: (evictions.append(page), hook(page))
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{i}")
@@ -267,15 +302,15 @@ def _serve_with_prefix_cache(impl, seed, name):
         expect(got == w, f"{name} with prefix caching on: request r{i} (prompt {prompts[i]}) produced {got} instead of "
                          f"the model's greedy answer {w}: a page reused by allocate still looked cached (call "
                          "self.on_evict(page) when handing out a page for which self.is_cached(page) is True), or a "
-                         "shared page was handed out while in use")
+                         "shared page was handed out while in use", rule="evict only on reuse")
     hits = engine.prefix_cache.hit_tokens
     expect(hits > 0, f"{name} with prefix caching on: expected some prompt tokens served from the cache (12 prompts, "
-                     f"3 system prompts), got {hits}: free pages must keep their contents until they are reused")
+                     f"3 system prompts), got {hits}: free pages must keep their contents until they are reused", rule="evict only on reuse")
     expect(pool.num_free_pages == 12, f"{name}: after every request finished {12 - pool.num_free_pages} of 12 pages are "
-                                      "still held (cached pages nobody uses count as free)")
+                                      "still held (cached pages nobody uses count as free)", rule="the books")
     expect(evictions, f"{name} with prefix caching on: 12 requests went through a 12-page pool, so cached pages had "
                       "to be reused, yet on_evict was never called: expected self.on_evict(page) whenever allocate "
-                      "hands out a page for which self.is_cached(page) is True")
+                      "hands out a page for which self.is_cached(page) is True", rule="evict only on reuse")
     return evictions
 
 
@@ -303,9 +338,10 @@ def check_StudentBlockPool(impl, seed, allow_reference):
         got = engine.requests[f"r{i}"].output_token_ids
         expect(got == w, f"{name}: serving a float64 model with your pool, request r{i} produced {got} instead of the "
                          f"model's greedy answer {w}: two requests were given the same page, so one overwrote the "
-                         "other's keys and values")
+                         "other's keys and values", rule="distinct free pages")
     expect(pool.num_free_pages == 12, f"{name}: after the engine finished every request, {12 - pool.num_free_pages} "
-                                      "of 12 pages are still used: freed pages must return to the free list")
+                                      "of 12 pages are still used: freed pages must return to the free list",
+           rule="the books")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,22 +375,25 @@ def check_slot_mapping(impl, seed, allow_reference):
             shown = f"slot_mapping({table}, page_size={ps}, start={start}, count={count})"
             got = call(shown, impl, list(table), ps, start, count)
             want = _slots(table, ps, start, count)
-            expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of slots, got {kind_of(got)}")
+            expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of slots, got {kind_of(got)}",
+                   rule="a list of ints")
             bad = next((i for i, x in enumerate(got) if plain_int(x) is None), None)
             expect(bad is None, lambda: f"{shown} must return a list of slots (ints), but item {bad} is "
-                                        f"{kind_of(got[bad])} {show(got[bad])}")
+                                        f"{kind_of(got[bad])} {show(got[bad])}", rule="a list of ints")
             got = [plain_int(x) for x in got]
             if got == want:
                 continue
-            positions = list(range(start, start + count))
-            hint = ""
-            if got == positions:
-                hint = " Those are token positions: map each through the block table (page = table[pos // page_size])."
-            elif len(got) != count:
-                hint = f" It has {len(got)} slots instead of count={count}: positions start .. start + count - 1."
-            elif got == _slots(table, ps, 0, count):
-                hint = " It starts at position 0: the positions are start .. start + count - 1."
-            fail(f"{shown} = {got}, expected {want} (slot = page * page_size + position % page_size).{hint}")
+            message = f"{shown} = {got}, expected {want} (slot = page * page_size + position % page_size)."
+            if got == list(range(start, start + count)):
+                broke("any page order", message + " Those are token positions: map each through the block table "
+                                                  "(page = table[pos // page_size]).")
+            if len(got) != count:
+                broke("the positions asked", message + f" It has {len(got)} slots instead of count={count}: "
+                                                       "positions start .. start + count - 1.")
+            if got == _slots(table, ps, 0, count):
+                broke("the positions asked", message + " It starts at position 0: the positions are start .. "
+                                                       "start + count - 1.")
+            broke("slot layout", message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,18 +424,19 @@ def check_paged_waste(impl, seed, allow_reference):
                 got = call(shown, impl, list(tokens), ps)
             want = sum(-(-n // ps) * ps - n for n in tokens)
             expect(type(got) is int, lambda: f"{shown} must return an int (a number of slots), got {kind_of(got)} "
-                                             f"{show(got)}")
+                                             f"{show(got)}", rule="an int")
             if got != want:
+                message = (f"{shown} = {got}, expected {want}: each request holds ceil(n / page_size) pages; the "
+                           "unused slots of its last page are the waste.")
+                if got == sum(-(-n // ps) - n / ps for n in tokens) or got == sum(-(-n // ps) for n in tokens):
+                    broke("slots, not pages", message + " Count slots, not pages.")
                 hint = ""
                 if got == sum((n // ps + 1) * ps - n for n in tokens):
                     hint = (" It reserves one page too many when a request fills its last page exactly: "
                             "pages = ceil(n / page_size) = -(-n // page_size).")
-                elif got == sum(-(-n // ps) - n / ps for n in tokens) or got == sum(-(-n // ps) for n in tokens):
-                    hint = " Count slots, not pages."
                 elif got == sum(max(1, -(-n // ps)) * ps - n for n in tokens):
                     hint = " A request with 0 tokens holds no page yet."
-                fail(f"{shown} = {got}, expected {want}: each request holds ceil(n / page_size) pages; the "
-                     f"unused slots of its last page are the waste.{hint}")
+                broke("whole pages", message + hint)
 
 
 @check("contiguous_waste")
@@ -410,14 +450,15 @@ def check_contiguous_waste(impl, seed, allow_reference):
                 got = call(shown, impl, list(tokens), max_len)
             want = sum(max_len - n for n in tokens)
             expect(type(got) is int, lambda: f"{shown} must return an int (a number of slots), got {kind_of(got)} "
-                                             f"{show(got)}")
+                                             f"{show(got)}", rule="an int")
             if got != want:
                 hint = ""
                 if got == sum(max(tokens) - n for n in tokens) and max_len != max(tokens):
                     hint = " Each request reserves max_len slots, not the longest request's length."
                 elif got == len(tokens) * max_len:
                     hint = " Subtract the slots each request actually fills."
-                fail(f"{shown} = {got}, expected {want}: every request reserves max_len slots up front; the "
+                broke("max_len each", f"{shown} = {got}, expected {want}: every request reserves max_len slots up "
+                                      "front; the "
                      f"ones it does not fill are the waste.{hint}")
 
 
@@ -528,14 +569,36 @@ def _positions(out) -> list[int]:
     return [0] * out.num_padded_tokens + [p for s in out.scheduled for p in s.positions]
 
 
-def _tensor_problem(field, t, want, rows, seqs, pad) -> str | None:
+def _broke_flat(rule, message):
+    """broke() with each rule spelled out (tests/test_rules_blocks.py reads the names from the source)."""
+    {"row order": lambda: broke("row order", message),
+     "positions and slots": lambda: broke("positions and slots", message),
+     "padding rows": lambda: broke("padding rows", message),
+     "one sequence each": lambda: broke("one sequence each", message),
+     }.get(rule, lambda: broke("tensor contract", message))()
+
+
+def _field_rule(field, hint: str) -> str:
+    """The rule of the notebook's block that a wrong value of `field` breaks."""
+    if "in the wrong order" in hint:
+        return "row order"
+    if "padding row" in hint or "pad_slot" in hint:
+        return "padding rows"
+    return "positions and slots" if field in _LONG_FIELDS else "one sequence each"
+
+
+def _tensor_problem(field, t, want, rows, seqs, pad, device="cpu") -> tuple[str, str] | None:
+    """(rule, problem) when `t` breaks the tensor contract or has the wrong shape, else None."""
     import torch
 
     if not is_tensor(t):
-        return f"{field} must be a torch.Tensor, got {kind_of(t)}"
+        return "tensor contract", f"{field} must be a torch.Tensor, got {kind_of(t)}"
+    if t.device.type != torch.device(device).type:
+        return "tensor contract", (f"{field} is on {t.device}, expected the device argument {device!r}: build "
+                                   "each tensor on `device` (the engine passes the one its model runs on)")
     dtype = torch.long if field in _LONG_FIELDS else torch.int32
     if t.dtype != dtype:
-        return (f"{field} is {t.dtype}, expected {dtype} (token ids, positions and slots are int64; block tables, "
+        return "tensor contract", (f"{field} is {t.dtype}, expected {dtype} (token ids, positions and slots are int64; block tables, "
                 "sequence lengths and offsets int32: the attention kernels and the cpu forward read them as such)")
     shape = [len(want), len(want[0])] if field == "block_tables" else [len(want)]
     if list(t.shape) != shape:
@@ -549,9 +612,10 @@ def _tensor_problem(field, t, want, rows, seqs, pad) -> str | None:
                     "end (the last one is the number of rows).")
         elif field in _INT_FIELDS and pad and t.dim() >= 1 and t.shape[0] in (seqs - pad, seqs - pad + 1):
             hint = " Each padding row is a sequence of its own (one token that reads only itself)."
-        return f"{field} has shape {list(t.shape)}, expected {shape} ({what[field]}).{hint}"
+        rule = "padding rows" if "padding row" in hint else _field_rule(field, hint)
+        return rule, f"{field} has shape {list(t.shape)}, expected {shape} ({what[field]}).{hint}"
     if not t.is_contiguous():
-        return (f"{field} is not contiguous (strides {t.stride()}): the cpu forward reads its memory directly; "
+        return "tensor contract", (f"{field} is not contiguous (strides {t.stride()}): the cpu forward reads its memory directly; "
                 "build it contiguous (or call .contiguous())")
     return None
 
@@ -561,17 +625,31 @@ def _judge_batch(got, out, want, page_size, pad_slot, where: str) -> None:
     shown = f"build_flat_batch{where} for the step ({_describe(out, page_size, pad_slot)})"
     missing = [f for f in _FIELDS if not hasattr(got, f)]
     expect(not missing, lambda: f"{shown} returned {kind_of(got)} without {', '.join(missing)}: return a "
-                                "FlatBatch (from course_lib.runner_batch import FlatBatch)")
+                                "FlatBatch (from course_lib.runner_batch import FlatBatch)", rule="tensor contract")
     rows, seqs = len(want["token_ids"]), len(want["seq_lens"])
     for field in _FIELDS:
         t = getattr(got, field)
         problem = _tensor_problem(field, t, want[field], rows, seqs, out.num_padded_tokens)
         if problem:
-            fail(f"{shown}: {problem}")
+            _broke_flat(problem[0], f"{shown}: {problem[1]}")
         values = t.tolist()
         if values != want[field]:
-            fail(f"{shown}: {field} = {values}, expected {want[field]}."
-                 f"{_hint(field, values, want[field], out, page_size, pad_slot)}")
+            hint = _hint(field, values, want[field], out, page_size, pad_slot)
+            _broke_flat(_field_rule(field, hint), f"{shown}: {field} = {values}, expected {want[field]}.{hint}")
+
+
+def _call_builder(impl, shown, given, page_size, device, pad_slot, allow_reference):
+    """The student's builder called on `given`; calls into course_lib's builder or slot maps are refused."""
+    if allow_reference:
+        return call(shown, impl, given, page_size, device, pad_slot)
+    with watch_calls(_flat_batch_modules()) as hits:
+        try:
+            return call(shown, impl, given, page_size, device, pad_slot)
+        finally:
+            used = [f"{m}.{f}" for m, f in hits if not (m == "course_lib.scheduler.output" and f != "slots")]
+            if used:
+                fail(f"build_flat_batch {REFERENCE_MESSAGE} (it calls {used[0]}): compute the rows yourself "
+                     "(your slot_mapping of section 2 gives the slots)")
 
 
 def _build(impl, out, page_size, device, pad_slot, where, allow_reference):
@@ -580,17 +658,7 @@ def _build(impl, out, page_size, device, pad_slot, where, allow_reference):
     want = _expected_batch(out, page_size, pad_slot)
     shown = f"build_flat_batch{where} ({_describe(out, page_size, pad_slot)})"
     given = pristine(out)
-    if allow_reference:
-        got = call(shown, impl, given, page_size, device, pad_slot)
-    else:
-        with watch_calls(_flat_batch_modules()) as hits:
-            try:
-                got = call(shown, impl, given, page_size, device, pad_slot)
-            finally:
-                used = [f"{m}.{f}" for m, f in hits if not (m == "course_lib.scheduler.output" and f != "slots")]
-                if used:
-                    fail(f"build_flat_batch {REFERENCE_MESSAGE} (it calls {used[0]}): compute the rows yourself "
-                         "(your slot_mapping of section 2 gives the slots)")
+    got = _call_builder(impl, shown, given, page_size, device, pad_slot, allow_reference)
     expect_unchanged(shown, "output", given, out)
     _judge_batch(got, out, want, page_size, pad_slot, where)
     return got

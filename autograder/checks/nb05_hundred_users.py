@@ -22,8 +22,8 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.engine import RequestOutput
 
 from .. import fixtures
-from .._checking import (call, check, expect, expect_unchanged, fail, forbid_calls, kind_of, plain_float, plain_int,
-                         pristine, same_float, show)
+from .._checking import (broke, call, check, expect, expect_unchanged, fail, forbid_calls, kind_of, plain_float,
+                         plain_int, pristine, same_float, show)
 
 
 def _metrics_module():
@@ -104,6 +104,13 @@ def _summary_cases(rng: random.Random):
     # 8. Nothing has finished yet (finish_time None): no completed request, no latency, no output token
     #    (so 0.0 tok/s, whatever the span), one request still waiting for its first token.
     cases.append([_record(0, 0.0, 0.4, 3, 0.1, reason=None), _record(1, rng.uniform(0.1, 1), None, 0, 0.0, reason=None)])
+    # 9. Zero-length answers: completed requests that produced no token at all (no first token time). They
+    #    count in `completed` and have a latency, but no TTFT and no TPOT.
+    empty = [_record(i, rng.uniform(0, 1), rng.uniform(0.1, 0.5), rng.randint(2, 6), 0.05) for i in range(3)]
+    for i in range(3, 3 + rng.randint(1, 2)):
+        empty.append(_record(i, rng.uniform(0, 1), None, 0, 0.0, rng.choice(["stop", "length"])))
+    rng.shuffle(empty)
+    cases.append(empty)
     return cases
 
 
@@ -115,8 +122,10 @@ def _pct(values, method="linear"):
 
 
 def _summary(records, *, include_failed=False, tpot_div=lambda n: n - 1, ttft_from="arrival_time", method="linear",
-             truthy=False, busy_time=False):
+             truthy=False, busy_time=False, drop_empty=False):
     done = [r for r in records if r.finish_time is not None and (include_failed or r.finish_reason not in ("error", "aborted"))]
+    if drop_empty:  # the mistake: a request without a token taken for one that did not complete
+        done = [r for r in done if r.token_ids]
     if truthy:  # the mistake: a time of 0.0 read as "missing"
         done = [r for r in done if r.first_token_time and r.arrival_time]
     ttft = [r.first_token_time - getattr(r, ttft_from) for r in done if r.first_token_time is not None]
@@ -168,6 +177,24 @@ def _mismatch(got, want):
     return None
 
 
+# The rule each alternative reading breaks (the collapsed block of the notebook names them).
+_HINT_RULES = {"failed / aborted": "completed only", "TPOT divided": "TPOT after the first",
+               "TTFT measured from": "TTFT from arrival", "nearest-rank": "linear percentiles",
+               "rounds down": "linear percentiles", "rounds up": "linear percentiles", "a time of 0.0": "zero is a time",
+               "the throughput divided": "throughput over the makespan",
+               "requests without an output token": "exact counters", "not sorted": "linear percentiles"}
+_KEY_RULES = {"ttft": "TTFT from arrival", "latency": "TTFT from arrival", "tpot": "TPOT after the first",
+              "completed": "exact counters", "output_tokens": "exact counters",
+              "throughput_tok_s": "throughput over the makespan"}
+
+
+def _rule_of(key: str, hint: str) -> str:
+    for words, rule in _HINT_RULES.items():
+        if words in hint:
+            return rule
+    return _KEY_RULES[key.split(".")[0]]
+
+
 def _summary_hint(records, got, key) -> str:
     alternatives = {
         "failed / aborted requests were included; latency statistics count completed requests only":
@@ -182,10 +209,12 @@ def _summary_hint(records, got, key) -> str:
             dict(method="lower"),
         "a percentile that rounds up to an order statistic; interpolate linearly (numpy.percentile's default)":
             dict(method="higher"),
-        "a time of 0.0 was taken for a missing one (a truthiness test): a request that arrives or gets its first "
-        "token at time 0 is a real measurement; test `is None`": dict(truthy=True),
         "the throughput divided by the time something was in flight; it divides by the makespan, first arrival "
         "to last finish, idle gaps included (the machine was yours all along)": dict(busy_time=True),
+        "requests without an output token were left out; a completed request with no token still counts in "
+        "`completed` and has a latency (only its TTFT and TPOT are missing)": dict(drop_empty=True),
+        "a time of 0.0 was taken for a missing one (a truthiness test): a request that arrives or gets its first "
+        "token at time 0 is a real measurement; test `is None`": dict(truthy=True),
     }
     for reason, kwargs in alternatives.items():
         alt = _summary(records, **kwargs)
@@ -248,7 +277,9 @@ def check_latency_summary(impl, seed, allow_reference):
                 extra = ""
                 if w is None:
                     extra = " (no completed request has 2 or more output tokens: there is no TPOT, so report None)"
-                fail(f"{shown}: {key} = {g!r}, expected {w!r}{extra}.{_summary_hint(records, got, key)}")
+                hint = _summary_hint(records, got, key)
+                broke("linear percentiles" if w is None else _rule_of(key, hint),
+                      f"{shown}: {key} = {g!r}, expected {w!r}{extra}.{hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,9 +322,10 @@ class _LoopWatch:
         def step_and_note():
             idle[0] = 0 if engine.has_unfinished_requests else idle[0] + 1
             if idle[0] > IDLE_STEPS:
-                fail(f"{shown} called engine.step() {IDLE_STEPS} times in a row with no request left to serve "
+                broke("finished, in sent order",
+                      f"{shown} called engine.step() {IDLE_STEPS} times in a row with no request left to serve "
                      f"({len(engine.requests)} sent, all finished): the loop never ends. Stop when all num_requests "
-                     "requests have finished")
+                     "requests have finished (the check's cap)")
             outputs = step()
             self.steps += 1
             for out in outputs:
@@ -327,7 +359,7 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
 
     def make_prompt(rng):
         expect(isinstance(rng, random.Random), f"make_prompt must be called with rng = random.Random(seed), got "
-                                               f"{type(rng).__name__}")
+                                               f"{type(rng).__name__}", rule="one engine, one rng")
         result = inner(rng)
         prompts_made.append(result)
         return result
@@ -338,23 +370,26 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
     with forbid_calls("run_closed_loop", _loop_modules(), enabled=not allow_reference):
         results = call(shown, impl, make_engine, num_users, num_requests, make_prompt, seed)
     expect(len(engines) == 1, f"{shown} called make_engine() {len(engines)} times: build one engine and serve every "
-                              "request on it")
+                              "request on it", rule="one engine, one rng")
     engine, watch = engines[0], watches[0]
     expect(len(prompts_made) == num_requests,
-           f"{shown} called make_prompt {len(prompts_made)} times: it must send exactly num_requests={num_requests} requests")
+           f"{shown} called make_prompt {len(prompts_made)} times: it must send exactly num_requests={num_requests} requests",
+           rule="one engine, one rng")
     rng = random.Random(seed)
     expected = [inner(rng) for _ in range(num_requests)]
     # What the check saw enter and finish, never the engine's requests (your code can rewrite those).
     seen = {rid for rid, _, _ in watch.sent}
     unseen = [rid for rid in engine.requests if rid not in seen]
     expect(not unseen, f"{shown}: requests {unseen[:5]} are in the engine but did not enter through the "
-                       "engine.add_request the check handed you: send every request with engine.add_request")
+                       "engine.add_request the check handed you: send every request with engine.add_request",
+           rule="one engine, one rng")
     sent = watch.sent
-    expect(len(sent) == num_requests, f"{shown} added {len(sent)} requests to the engine, expected {num_requests}")
+    expect(len(sent) == num_requests, f"{shown} added {len(sent)} requests to the engine, expected {num_requests}",
+           rule="one engine, one rng")
     for k, ((rid, prompt_sent, _), (prompt, params)) in enumerate(zip(sent, expected)):
         if prompt_sent != prompt:
             same = all(p == sent[0][1] for _, p, _ in sent)
-            fail(f"{shown}: request {k} has prompt {prompt_sent}, but the {k}-th make_prompt draw from "
+            broke("one engine, one rng", f"{shown}: request {k} has prompt {prompt_sent}, but the {k}-th make_prompt draw from "
                  f"random.Random({seed}) is {prompt}: "
                  + ("every request got the same prompt, so a new rng was created per request; "
                     if same else "")
@@ -364,9 +399,9 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
     elsewhere = [rid for rid in unfinished if engine.requests[rid].is_finished]
     expect(not elsewhere, f"{shown}: requests {elsewhere[:5]} look finished, but no engine.step() the check handed "
                           "you finished them: serve the requests by stepping the engine (engine.step()), and leave "
-                          "their fields to the engine")
+                          "their fields to the engine", rule="one engine, one rng")
     expect(not unfinished, f"{shown} returned while requests {unfinished[:5]} were unfinished: run until all "
-                           f"{num_requests} are done")
+                           f"{num_requests} are done", rule="finished, in sent order")
     # The closed loop, as an equation over the engine's steps (the step clock's times).
     arrivals = sorted(steps for _, _, steps in sent)
     finishes = sorted(watch.finished[rid][0] for rid, _, _ in sent)
@@ -377,35 +412,39 @@ def _closed_loop_case(impl, num_users, num_requests, seed, allow_reference, max_
         if a == want:
             continue
         if t == 0 and a > num_users:
-            fail(f"{shown}: {a} requests were sent at the start, but only num_users={num_users} users exist and "
+            broke("send when answered", f"{shown}: {a} requests were sent at the start, but only num_users={num_users} users exist and "
                  "each waits for its answer before sending again (this is a closed loop, not all-at-once)")
         if a > want:
-            fail(f"{shown}: at step {t}, {a} requests had been sent but only {f} had finished: more than "
+            broke("send when answered", f"{shown}: at step {t}, {a} requests had been sent but only {f} had finished: more than "
                  f"num_users={num_users} were outstanding")
-        fail(f"{shown}: after step {t}, {f} requests had finished but only {a} had been sent (expected {want}): "
+        broke("the server queues" if max_num_seqs and max_num_seqs < num_users else "send when answered",
+              f"{shown}: after step {t}, {f} requests had finished but only {a} had been sent (expected {want}): "
              "when a request finishes, its user sends the next one right away, before the engine's next step "
              "(for every request that finished in that step), whether or not the server has a free seat: "
              "the server queues it (first come, first served), and that wait is part of its TTFT")
     # The returned outputs: the finished outputs the engine's steps returned, in the order the requests were sent.
     expect(type(results) in (list, tuple) and len(results) == num_requests,
            lambda: f"{shown} must return a list of {num_requests} RequestOutputs, got {kind_of(results)}"
-                   + (f" of length {len(results)}" if type(results) in (list, tuple) else ""))
+                   + (f" of length {len(results)}" if type(results) in (list, tuple) else ""),
+           rule="finished, in sent order")
     for k, (out, (rid, _, _), (prompt, params)) in enumerate(zip(results, sent, expected)):
         expect(hasattr(out, "token_ids") and hasattr(out, "prompt_token_ids"),
-               lambda: f"{shown}: item {k} must be a RequestOutput (what engine.step() returns), got {kind_of(out)}")
+               lambda: f"{shown}: item {k} must be a RequestOutput (what engine.step() returns), got {kind_of(out)}",
+               rule="finished, in sent order")
         prompt_ids, tokens = _int_list(out.prompt_token_ids), _int_list(out.token_ids)
         if prompt_ids != prompt:
-            fail(f"{shown}: item {k} of the result is not the {k}-th request sent (prompt {show(prompt_ids)} "
+            broke("finished, in sent order", f"{shown}: item {k} of the result is not the {k}-th request sent (prompt {show(prompt_ids)} "
                  f"instead of {prompt}): return the outputs in the order the requests were sent")
         finished = out.finished
         want_tokens = watch.finished[rid][1]
         expect(finished is True and tokens is not None and len(tokens) == params.max_tokens,
                lambda: f"{shown}: item {k} should be the finished output with {params.max_tokens} tokens, got "
                        f"finished={show(finished)} with {len(tokens) if tokens is not None else show(out.token_ids)} "
-                       "tokens: keep the output from the step where it finished")
+                       "tokens: keep the output from the step where it finished", rule="finished, in sent order")
         expect(tokens == want_tokens,
                lambda: f"{shown}: item {k} holds the tokens {tokens}, but the engine's step that finished request "
-                       f"{rid} returned {want_tokens}: return the RequestOutputs engine.step() gave you, as they were")
+                       f"{rid} returned {want_tokens}: return the RequestOutputs engine.step() gave you, as they were",
+               rule="finished, in sent order")
 
 
 @check("run_closed_loop", forbidden=_loop_functions)

@@ -44,9 +44,12 @@ class HeapPool:
         return taken
 
     def free(self, pages):
-        for page in pages:
-            if page in self._free or self.ref_counts[page] == 0:
+        remaining = {page: self.ref_counts[page] for page in pages}
+        for page in pages:  # all or nothing: count the owners each page would have left, repeats included
+            remaining[page] -= 1
+            if remaining[page] < 0 or page in self._free:
                 raise ValueError(f"double free of page {page}")
+        for page in pages:
             self.ref_counts[page] -= 1
             if not self.ref_counts[page]:
                 self._free.add(page)

@@ -313,14 +313,87 @@ def occupancy_empty_crashes(step_stats, max_num_seqs):
     return sum(wi * s.num_running for wi, s in zip(w, step_stats)) / (max_num_seqs * sum(w))
 
 
+def occupancy_over_span(step_stats, max_num_seqs):
+    """Divides the seat-seconds by the run's span (first start to last end): idle gaps between steps count
+    as empty seats."""
+    if not step_stats:
+        return 0.0
+    seated = sum((s.end_time - s.start_time) * s.num_running for s in step_stats)
+    span = step_stats[-1].end_time - step_stats[0].start_time
+    if span == 0:
+        return sum(s.num_running for s in step_stats) / (max_num_seqs * len(step_stats))
+    return seated / (max_num_seqs * span)
+
+
+def occupancy_any_untimed_equal(step_stats, max_num_seqs):
+    """Falls back to equal weights as soon as ANY step has no duration (`any` where `all` is meant)."""
+    if not step_stats:
+        return 0.0
+    w = [s.end_time - s.start_time for s in step_stats]
+    if any(wi == 0 for wi in w):
+        w = [1.0] * len(step_stats)
+    return sum(wi * s.num_running for wi, s in zip(w, step_stats)) / (max_num_seqs * sum(w))
+
+
+
+class OvertakesHeadWithoutPages(_Scheduler):
+    """When the head of the queue lacks pages, admits the requests behind it that fit (the policy's "no"
+    still stops the queue): first come, first served broken only where pages run short."""
+
+    def _admit_waiting(self, out, budget):
+        for request in list(self.waiting):
+            if not self._may_admit(out, budget):
+                break
+            cached = self.kv.lookup_prefix(request)
+            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
+            if n == 0:
+                break
+            if not self.kv.can_allocate(request, n, cached):
+                continue  # the head lacks pages: try the next one
+            if not self._policy_allows(request, n, cached):
+                break
+            self.waiting.remove(request)
+            self._admit(request, n, cached)
+            out.scheduled.append(self._entry(request, n))
+            budget = max(0, budget - n)
+        return budget
+
+
+class IgnoresMakeRoomRefusal(_Scheduler):
+    """Calls _make_room but goes on when it says no: the request that just preempted itself is still
+    allocated and scheduled."""
+
+    def _room(self, request, n, out):
+        self._make_room(request, n, out)
+        return True
+
+
+class ChargesCachedTokens(_Scheduler):
+    """Charges a newly admitted request's whole prompt to the budget, its cached tokens included."""
+
+    def _admit_waiting(self, out, budget):
+        while self._may_admit(out, budget):
+            request = self.waiting[0]
+            cached = self.kv.lookup_prefix(request)
+            n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)
+            if n == 0 or not self.kv.can_allocate(request, n, cached) or not self._policy_allows(request, n, cached):
+                break
+            self.waiting.popleft()
+            self._admit(request, n, cached)
+            out.scheduled.append(self._entry(request, n))
+            budget = max(0, budget - n - len(cached) * self.kv.page_size)
+        return budget
+
 MUTANTS = {
     "StudentScheduler": [NeverRetires, LeaksPages, WaitsForEmptyBatch, OneAdmissionPerStep, IgnoresTokenBudget,
                          NoPreemption, AdmitsBeforeRunning, IgnoresAdmissionPolicy, AlwaysChunks,
                          AdmitsAfterPreempting, SkipsRefusedHead, IgnoresPrefixCache, PendingCountsCachedTokens,
                          EntryBeforeAdmitting, BigPromptWaitsForever, ChunksBelowTheBudget, ExactFitWaits,
-                         LastTokenOfBudgetUnused],
+                         LastTokenOfBudgetUnused, OvertakesHeadWithoutPages, IgnoresMakeRoomRefusal,
+                         ChargesCachedTokens],
     "mean_batch_occupancy": [occupancy_unweighted, occupancy_not_a_fraction, occupancy_counts_waiting,
-                             occupancy_no_fallback, occupancy_empty_crashes],
+                             occupancy_no_fallback, occupancy_empty_crashes, occupancy_over_span,
+                             occupancy_any_untimed_equal],
 }
 
 
@@ -329,7 +402,7 @@ MUTANTS = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _serve(engine, specs, submit, all_at_once=False, stamp_at_start=False):
+def _serve(engine, specs, submit, all_at_once=False, stamp_at_start=False, strictly_after=False):
     """{request id: [arrival, token times...]} (correct unless told otherwise)."""
     clock = engine.clock
     queue = sorted(specs, key=lambda s: s.arrival_time)
@@ -341,7 +414,8 @@ def _serve(engine, specs, submit, all_at_once=False, stamp_at_start=False):
         queue = []
     i = 0
     while i < len(queue) or engine.has_unfinished_requests:
-        while i < len(queue) and queue[i].arrival_time <= clock.now():
+        while i < len(queue) and (queue[i].arrival_time < clock.now() if strictly_after
+                                  else queue[i].arrival_time <= clock.now()):
             submit(engine, queue[i])
             times[queue[i].request_id] = [queue[i].arrival_time]
             i += 1
@@ -407,5 +481,11 @@ def sweep_one_engine(budgets, specs, make_engine, submit):
     return [_row(b, times) for b in budgets]
 
 
-MUTANTS["budget_sweep"] = [sweep_submits_all_at_once, sweep_gaps_from_arrival, sweep_tpot_per_request,
+def sweep_waits_past_arrival(budgets, specs, make_engine, submit):
+    """Submits a request only once the clock has passed its arrival (`<` where `<=` belongs): the idle
+    clock jumps to the arrival, the request is still not submitted, and the loop spins for ever."""
+    return [_row(b, _serve(make_engine(b), specs, submit, strictly_after=True)) for b in budgets]
+
+
+MUTANTS["budget_sweep"] = [sweep_waits_past_arrival, sweep_submits_all_at_once, sweep_gaps_from_arrival, sweep_tpot_per_request,
                            sweep_stamps_step_start, sweep_in_seconds, sweep_sorts_budgets, sweep_one_engine]

@@ -39,9 +39,36 @@ class _Pool:
         self.ref_counts[page] += 1
 
     def free(self, pages):
+        for page in set(pages):
+            if self.ref_counts[page] < pages.count(page):
+                raise RuntimeError(f"double free of page {page}")
+        for page in pages:
+            self.ref_counts[page] -= 1
+            if self.ref_counts[page] == 0:
+                self._free[page] = None
+
+
+class FreeNotAtomic(_Pool):
+    """Checks each page as it frees it: a double free found half-way raises after the pages before it
+    were already released (the books change although the call failed)."""
+
+    def free(self, pages):
         for page in pages:
             if self.ref_counts[page] <= 0:
                 raise RuntimeError(f"double free of page {page}")
+            self.ref_counts[page] -= 1
+            if self.ref_counts[page] == 0:
+                self._free[page] = None
+
+
+class FreeDuplicatesPassValidation(_Pool):
+    """Validates the whole list first (all or nothing), but page by page: a page listed twice with one
+    owner passes the check, and its count goes to -1."""
+
+    def free(self, pages):
+        if any(self.ref_counts[page] <= 0 for page in pages):
+            raise RuntimeError("double free")
+        for page in pages:
             self.ref_counts[page] -= 1
             if self.ref_counts[page] == 0:
                 self._free[page] = None
@@ -330,7 +357,7 @@ def flat_block_tables_column_major(output, page_size, device="cpu", pad_slot=0):
 
 
 MUTANTS = {
-    "StudentBlockPool": [FreeNeverReturnsPage, FreeIgnoresOtherOwners, RefcountNotDecremented, CannotTakeLastPage,
+    "StudentBlockPool": [FreeNeverReturnsPage, FreeNotAtomic, FreeDuplicatesPassValidation, FreeIgnoresOtherOwners, RefcountNotDecremented, CannotTakeLastPage,
                          PartialAllocation, ShareLeavesPageFree, NoDoubleFreeCheck, NeverEvicts, EvictsEveryPage,
                          EvictsOnFree, SharedFreePageStaysCached],
     "slot_mapping": [slots_are_positions, slots_drop_last, slots_ignore_start, slots_page_index_as_offset],

@@ -116,6 +116,63 @@ def vectorized_is_loops(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return _loops(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def vectorized_in_bfloat16(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Computes in q's dtype (no promotion): bfloat16 scores, weights and sums."""
+    num_seqs, num_heads, head_dim = q.shape
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    length = int(seq_lens.max())
+    pages = block_tables[:, : -(-length // page_size)].long()
+    k = k_cache[pages].flatten(1, 2)[:, :length]
+    v = v_cache[pages].flatten(1, 2)[:, :length]
+    visible = torch.arange(length)[None, :] < seq_lens.long()[:, None]
+    qg = q.view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("skgd,slkd->skgl", qg, k) * scale
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    v = torch.where(visible[:, :, None, None], v, torch.zeros((), dtype=v.dtype))
+    return torch.einsum("skgl,slkd->skgd", weights, v).reshape(num_seqs, num_heads, head_dim)
+
+
+def vectorized_loops_over_pages(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Gathers the keys and values page by page in a comprehension (one Python iteration per page), then
+    computes like the vectorised version."""
+    num_seqs, num_heads, head_dim = q.shape
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    length = int(seq_lens.max())
+    columns = range(-(-length // page_size))
+    k = torch.cat([k_cache[block_tables[:, j].long()] for j in columns], dim=1)[:, :length].double()
+    v = torch.cat([v_cache[block_tables[:, j].long()] for j in columns], dim=1)[:, :length].double()
+    visible = torch.arange(length)[None, :] < seq_lens.long()[:, None]
+    qg = q.double().view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("skgd,slkd->skgl", qg, k) * scale
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    v = torch.where(visible[:, :, None, None], v, torch.zeros((), dtype=v.dtype))
+    return torch.einsum("skgl,slkd->skgd", weights, v).reshape(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+def loops_in_bfloat16(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Loops that keep the running sums in q's dtype: a bfloat16 accumulator."""
+    num_seqs, num_heads, head_dim = q.shape
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    for s in range(num_seqs):
+        pages = block_tables[s].tolist()
+        for h in range(num_heads):
+            rows = [(pages[t // page_size], t % page_size) for t in range(int(seq_lens[s]))]
+            scores = [float((q[s, h] * k_cache[p, r, h // group]).sum()) * scale for p, r in rows]
+            top = max(scores)
+            weights = [math.exp(x - top) for x in scores]
+            acc = torch.zeros(head_dim, dtype=q.dtype)
+            for w, (p, r) in zip(weights, rows):
+                acc += w / sum(weights) * v_cache[p, r, h // group]
+            out[s, h] = acc
+    return out
+
+
 def vectorized_no_scale(q, k_cache, v_cache, block_tables, seq_lens, scale):
     """Forgets the softmax scale."""
     return _vectorized(q, k_cache, v_cache, block_tables, seq_lens, scale, use_scale=False)
@@ -159,7 +216,7 @@ def _kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_VALUES: tl.constexpr, RESCALE: tl.constexpr, SUBTRACT_MAX: tl.constexpr, USE_TABLE: tl.constexpr,
-    INCLUSIVE: tl.constexpr, OWN_SCALE: tl.constexpr,
+    INCLUSIVE: tl.constexpr, OWN_SCALE: tl.constexpr, MASK_TABLE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -185,9 +242,9 @@ def _kernel(
             tok_ok = tokens <= seq_len
         else:
             tok_ok = tokens < seq_len
-        if USE_TABLE and MASK_VALUES:
+        if USE_TABLE and MASK_VALUES and MASK_TABLE:
             pages = tl.load(block_table + tokens // PAGE_SIZE, mask=tok_ok, other=0)
-        elif USE_TABLE:  # no masks on the loads at all: the table's padding entries are followed too
+        elif USE_TABLE:  # no mask on the page-number load: the table's padding entries are followed too
             pages = tl.load(block_table + tokens // PAGE_SIZE)
         else:
             pages = tokens // PAGE_SIZE
@@ -228,7 +285,7 @@ def _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, **flags):
     out = torch.empty_like(q)
     group = num_heads // num_kv_heads
     options = dict(MASK_VALUES=True, RESCALE=True, SUBTRACT_MAX=True, USE_TABLE=True, INCLUSIVE=False,
-                   OWN_SCALE=False)
+                   OWN_SCALE=False, MASK_TABLE=True)
     options.update(flags)
     _kernel[(num_seqs, num_kv_heads)](
         q, k_cache, v_cache, block_tables, seq_lens.to(torch.int32).contiguous(), out, float(scale),
@@ -242,6 +299,12 @@ def _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, **flags):
 def triton_masks_scores_not_values(q, k_cache, v_cache, block_tables, seq_lens, scale):
     """Sets the scores of unowned slots to -inf but loads pages and values unmasked: 0 * nan = nan."""
     return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, MASK_VALUES=False)
+
+
+def triton_unmasked_table_load(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Masks K, V and the scores, but loads the page numbers of a whole block unmasked: past seq_len it reads
+    table entries of no token (past the last row: memory it does not own)."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, MASK_TABLE=False)
 
 
 def triton_no_rescale(q, k_cache, v_cache, block_tables, seq_lens, scale):
@@ -275,13 +338,13 @@ def triton_torch_wrapper(q, k_cache, v_cache, block_tables, seq_lens, scale):
 
 
 MUTANTS = {
-    "paged_attention_loops": [loops_no_scale, loops_wrong_kv_head, loops_misses_own_token, loops_one_token_too_many,
+    "paged_attention_loops": [loops_no_scale, loops_in_bfloat16, loops_wrong_kv_head, loops_misses_own_token, loops_one_token_too_many,
                               loops_logical_pages, loops_recomputes_scale, loops_no_max_trick],
     "paged_attention_vectorized": [vectorized_is_loops, vectorized_no_scale, vectorized_repeat_not_interleave,
                                    vectorized_mask_off_by_one, vectorized_logical_pages,
                                    vectorized_masks_scores_not_values, vectorized_recomputes_scale,
-                                   vectorized_no_max_trick],
-    "paged_attention_triton": [triton_masks_scores_not_values, triton_no_rescale, triton_no_max,
+                                   vectorized_no_max_trick, vectorized_in_bfloat16, vectorized_loops_over_pages],
+    "paged_attention_triton": [triton_masks_scores_not_values, triton_unmasked_table_load, triton_no_rescale, triton_no_max,
                                triton_logical_pages, triton_mask_off_by_one, triton_recomputes_scale,
                                triton_torch_wrapper],
 }

@@ -19,15 +19,18 @@ def _pct(values, how):
 
 
 def _summary(records, how="linear", include_failed=False, tpot_div=lambda n: n - 1, ttft_start="arrival_time",
-             truthy=False, busy=False, count_all=False):
+             truthy=False, busy=False, count_all=False, drop_empty=False):
     done = [r for r in records if r.finish_time is not None and (include_failed or r.finish_reason not in ("error", "aborted"))]
+    if drop_empty:
+        done = [r for r in done if r.first_token_time is not None]
     if truthy:
         done = [r for r in done if r.first_token_time and r.finish_time]
     ttft = [r.first_token_time - getattr(r, ttft_start) for r in done if r.first_token_time is not None]
     tpot = [(r.finish_time - r.first_token_time) / tpot_div(len(r.token_ids)) for r in done
             if r.first_token_time is not None and len(r.token_ids) >= 2]
     latency = [r.finish_time - r.arrival_time for r in done]
-    span = max(r.finish_time for r in records if r.finish_time is not None) - min(r.arrival_time for r in records)
+    finishes = [r.finish_time for r in records if r.finish_time is not None]
+    span = max(finishes) - min(r.arrival_time for r in records) if finishes else 0.0
     if busy:  # only the time some request was in flight
         span, end = 0.0, -float("inf")
         for a, b in sorted((r.arrival_time, r.finish_time) for r in records if r.finish_time is not None):
@@ -38,6 +41,12 @@ def _summary(records, how="linear", include_failed=False, tpot_div=lambda n: n -
     completed = sum(r.finish_time is not None for r in records) if count_all else len(done)
     return {"ttft": _pct(ttft, how), "tpot": _pct(tpot, how), "latency": _pct(latency, how),
             "throughput_tok_s": tokens / span if span > 0 else 0.0, "completed": completed, "output_tokens": tokens}
+
+
+def summary_drops_empty_answers(records):
+    """Counts a request as completed only if it produced a token (filters on first_token_time): a
+    zero-length answer vanishes from `completed` and from the latencies."""
+    return _summary(records, drop_empty=True)
 
 
 def summary_nearest_rank(records):
@@ -188,7 +197,7 @@ def closed_loop_counts_by_identity(make_engine, num_users, num_requests, make_pr
 MUTANTS = {
     "latency_summary": [summary_nearest_rank, summary_unsorted, summary_tpot_over_n, summary_includes_failed,
                         summary_ttft_from_scheduling, summary_truthy_times, summary_busy_time,
-                        summary_counts_failed_as_completed],
+                        summary_counts_failed_as_completed, summary_drops_empty_answers],
     "run_closed_loop": [closed_loop_all_at_once, closed_loop_waves, closed_loop_one_user,
                         closed_loop_one_refill_per_step, closed_loop_one_extra, closed_loop_finish_order,
                         closed_loop_rng_per_request, closed_loop_waits_for_a_seat,

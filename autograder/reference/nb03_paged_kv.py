@@ -2,7 +2,7 @@
 scripts/extract_references.py: do not edit; edit the notebook's solution cells."""
 
 
-from collections import deque
+from collections import Counter, deque
 import torch
 from course_lib.kv.block_pool import BlockPool, OutOfPages
 from course_lib.runner_batch import FlatBatch
@@ -42,9 +42,11 @@ class StudentBlockPool:
         return pages
 
     def free(self, pages: list[int]) -> None:
+        for page, times in Counter(pages).items():  # all or nothing: check every page before changing any
+            if self.ref_counts[page] < times:
+                raise RuntimeError(f"double free: page {page} is freed {times} time(s) but has "
+                                   f"{self.ref_counts[page]} owner(s)")
         for page in pages:
-            if self.ref_counts[page] <= 0:
-                raise RuntimeError(f"double free: page {page} is not held by anyone")
             self.ref_counts[page] -= 1
             if self.ref_counts[page] == 0:
                 self._free.append(page)

@@ -11,7 +11,7 @@ and cached pages are evicted least-recently-freed first, and only when the pool 
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 
 class OutOfPages(RuntimeError):
@@ -67,10 +67,16 @@ class BlockPool:
 
     def free(self, pages: list[int]) -> None:
         """Drop one reference to each page; a page nobody references goes back to the free queue.
-        Pages are released last-first so that a request's tail is evicted before its head."""
+        Pages are released last-first so that a request's tail is evicted before its head.
+        All or nothing: a double free anywhere in the list (a page listed more times than it has owners)
+        raises before any page is released, so the books stay as they were."""
+        refs = self.ref_counts
+        if any(refs[page] <= 0 for page in pages) or (
+                len(set(pages)) != len(pages) and any(refs[page] < n for page, n in Counter(pages).items())):
+            page = next(p for p, n in Counter(pages).items() if refs[p] < n)
+            raise RuntimeError(f"page {page} freed {pages.count(page)} time(s) but held by {refs[page]} owner(s) "
+                               "(double free): nothing was freed")
         for page in reversed(pages):
-            if self.ref_counts[page] <= 0:
-                raise RuntimeError(f"page {page} freed more times than it was allocated (double free)")
             self.ref_counts[page] -= 1
             if self.ref_counts[page] == 0:
                 self._free[page] = None
