@@ -144,7 +144,7 @@ def terminal_safe(text: str) -> str:
 
 
 def _sha256(path: Path) -> str:
-    from .grade import _open_no_follow
+    from .sandbox_run import _open_no_follow
 
     h = hashlib.sha256()
     try:
@@ -159,7 +159,9 @@ def _sha256(path: Path) -> str:
 def _refused(task: dict, why: str) -> dict:
     """The entry of a submission the grader does not run: every test cell of its source (if it has
     one) not run, with the reason."""
-    from .grade import _cell_entry, _empty_entry, _read, is_test_cell, points
+    from .notebook_cells import is_test_cell, points
+    from .scoring import _cell_entry, _empty_entry
+    from .source_notebook import _read
 
     entry = _empty_entry(task["path"], task["source"])
     entry["errors"].append(why[:1000])
@@ -173,7 +175,8 @@ def _refused(task: dict, why: str) -> dict:
 def _mismatch(task: dict) -> str | None:
     """Why the submission is another assignment's notebook (grade.source_mismatch), or None. An
     unreadable submission is left to grade_notebook, which says why."""
-    from .grade import read_submission, source_mismatch
+    from .sandbox_run import read_submission
+    from .source_notebook import source_mismatch
 
     if not task["source_copy"]:
         return None
@@ -188,7 +191,9 @@ def _mismatch(task: dict) -> str | None:
 def grade_task(task: dict) -> dict:
     """One submission (in a worker process): grade it (or refuse it), write its JSON and HTML,
     return the entry."""
-    from .grade import GradingRefused, grade_notebook, render_html
+    from .feedback_html import render_html
+    from .pipeline import grade_notebook
+    from .sandbox_run import GradingRefused
 
     path = Path(task["path"])
     why = task["refused"] or _mismatch(task)
@@ -202,7 +207,7 @@ def grade_task(task: dict) -> dict:
         except GradingRefused as exc:  # (a link that appeared next to it since the batch looked)
             entry, nb = _refused(task, str(exc)), None
         except Exception as exc:  # noqa: BLE001 - a grader bug on one notebook must not lose the others
-            from .grade import _empty_entry
+            from .scoring import _empty_entry
 
             entry, nb = _empty_entry(path, task["source"]), None
             entry["errors"].append(f"grader error: {type(exc).__name__}: {exc}")
@@ -266,7 +271,7 @@ def write_summary(path: Path, entries: list[dict]) -> None:
 
 def run_batch(paths, *, roots, source_dir, timeout, html_dir, kernel_name, jobs, guard, sandbox, budget_s,
               max_bytes, out_dir=None, progress=True) -> dict:
-    from .grade import _read, answer_ids, source_index, source_lookup
+    from .source_notebook import _read, answer_ids, source_index, source_lookup
 
     source_dir = Path(source_dir)
     out_dir = Path(out_dir) if out_dir is not None else None
@@ -330,7 +335,7 @@ def run_batch(paths, *, roots, source_dir, timeout, html_dir, kernel_name, jobs,
                         except BrokenProcessPool:
                             raise
                         except Exception as exc:  # noqa: BLE001
-                            from .grade import _empty_entry
+                            from .scoring import _empty_entry
 
                             results[i] = _empty_entry(tasks[i]["path"], tasks[i]["source"])
                             results[i]["errors"].append(f"grader error: {type(exc).__name__}: {exc}")
@@ -342,7 +347,7 @@ def run_batch(paths, *, roots, source_dir, timeout, html_dir, kernel_name, jobs,
                 todo = [i for i in todo if i not in results]
                 if attempt == 1:
                     for i in todo:
-                        from .grade import _empty_entry
+                        from .scoring import _empty_entry
 
                         results[i] = _empty_entry(tasks[i]["path"], tasks[i]["source"])
                         results[i]["errors"].append("grader error: the worker grading this notebook died")

@@ -140,7 +140,7 @@ def render_html(entry: dict, nb) -> str:
     """A self-contained feedback page: the score table, then every cell with its outputs. Test cells
     show their visible part only and no outputs (their feedback instead); any line of a hidden test
     that turns up in an output (a student's cell printing the notebook it runs in) is blanked."""
-    from .grade import grade_id, hidden_line_ranges, is_test_cell, without_hidden
+    from .notebook_cells import grade_id, hidden_line_ranges, is_test_cell, without_hidden
     from .verdict import Redactor
 
     hidden = (nb.metadata.get("autograder", {}) if nb is not None else {}).get("hidden_lines", [])

@@ -5,7 +5,7 @@ The truth is the literal `seed=<int>` of each check call between `### BEGIN HIDD
 a sandbox). The table of exercises (autograder/exercises.py, which ships) keeps only the visible
 seed; whatever needs the graded seeds (the tests, `python -m autograder mutate`, docs) reads them
 from the solution notebook with `graded_seeds(exercise)`, parsed by the grader's own logic
-(`verdict.cell_plan`).
+(`cell_plan.plan_cell`; `autograder.solution_seeds`).
 
 A student with the public repository can still read `solutions/`. With an instructor secret
 (`python -m autograder grade --seed-key KEY`, or AUTOGRADER_SEED_KEY), the grader derives each
@@ -18,68 +18,24 @@ from __future__ import annotations
 
 import ast
 import copy
-import functools
 import hashlib
 import hmac
-import json
 import os
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTIONS = ROOT / "solutions"
+from .solution_seeds import (ROOT, SOLUTIONS, NoSolutions, _test_cells, graded_seeds,  # noqa: F401
+                             seeds_in_cell, solution_notebook)
+
 KEY_ENV = "AUTOGRADER_SEED_KEY"
 VISIBLE_SEED = 0  # the seed of a check call written without one (the visible test)
 _DERIVED_FLOOR = 1000  # derived seeds stay clear of the small seeds a student would try first
 
 
-class NoSolutions(LookupError):
-    """The instructor's notebooks are not here (an installed wheel has none)."""
-
-
 def cell_seeds(source: str, exercise: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(visible, hidden) seeds of the check_<exercise> calls in one test cell's source, in order."""
-    from .grade import hidden_line_ranges
-    from .verdict import cell_plan
+    from .exercises import BY_ADAPTER
 
-    plan = [p for p in cell_plan(source, hidden_line_ranges(source)) if p.exercise == exercise]
-    visible = tuple(dict.fromkeys(p.seed for p in plan if not p.hidden))
-    hidden = tuple(dict.fromkeys(p.seed for p in plan if p.hidden and p.seed not in visible))
-    return visible, hidden
-
-
-@functools.lru_cache(maxsize=64)
-def _test_cells(path: str, mtime_ns: int) -> dict[str, str]:
-    del mtime_ns  # (part of the cache key: an edited notebook is read again)
-    nb = json.loads(Path(path).read_text(encoding="utf-8"))
-    cells = {}
-    for cell in nb.get("cells", []):
-        gid = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
-        if gid:
-            source = cell.get("source", "")
-            cells[gid] = source if isinstance(source, str) else "".join(source)
-    return cells
-
-
-def solution_notebook(exercise, solutions: Path = SOLUTIONS) -> Path:
-    return solutions / exercise.assignment / f"{exercise.assignment}.ipynb"
-
-
-def graded_seeds(exercise, solutions: Path = SOLUTIONS) -> tuple[int, ...]:
-    """Every seed grading calls `exercise`'s check with: the visible ones, then the hidden ones,
-    as the instructor's solution notebook writes them."""
-    path = solution_notebook(exercise, solutions)
-    try:
-        cells = _test_cells(str(path), path.stat().st_mtime_ns)
-    except OSError:
-        raise NoSolutions(f"the hidden seeds of {exercise.adapter} live only in the instructor's notebook {path}, "
-                          "which is not here (an installed package ships no solutions): run this from the course "
-                          "repository") from None
-    source = cells.get(exercise.test_cell)
-    if source is None:
-        raise NoSolutions(f"{path} has no graded test cell {exercise.test_cell!r}")
-    visible, hidden = cell_seeds(source, exercise.adapter)
-    return visible + hidden
+    return seeds_in_cell(source, exercise, getattr(BY_ADAPTER.get(exercise), "visible_seed", 0))
 
 
 # ------------------------------------------------------------------------------ the instructor's key
@@ -99,7 +55,7 @@ def derived_seed(key: str, exercise: str, seed: int) -> int:
 
 def _hidden_seed_literals(source: str):
     """(line, col, end_col, exercise, seed) of every literal int seed of a check call in a hidden block."""
-    from .grade import hidden_line_ranges
+    from .notebook_cells import hidden_line_ranges
 
     ranges = hidden_line_ranges(source)
     if not ranges:

@@ -21,7 +21,8 @@ import secrets
 from nbconvert.preprocessors import Preprocessor
 from nbformat.v4 import new_output
 
-from .grade import _strip_guard, grade_id, inject_guard, is_test_cell
+from .guard_cells import _strip_guard, inject_guard
+from .notebook_cells import grade_id, is_test_cell
 
 _TOKENS_KEY = "autograder_guard_tokens"
 

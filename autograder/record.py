@@ -28,6 +28,9 @@ class Session:
             self.written = os.path.getsize(path)
         except OSError:
             self.written = 0
+        # A check call is being recorded, on whichever thread: a check the student's code calls from a
+        # thread of its own meanwhile runs unrecorded (one record line at a time).
+        self.recording = False
 
     def write(self, entry: dict) -> None:
         line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
@@ -88,7 +91,8 @@ class _ThreadWatch:
     A check that bans such calls itself installs its own profiler inside its block (this one is
     then off, and back when the block ends): a check without a ban is still watched."""
 
-    def __init__(self, exercise: str):
+    def __init__(self, exercise: str, is_user_file):
+        self.is_user_file = is_user_file  # the checks' rule (autograder._checking.is_user_file)
         self.files = _counterpart_files(exercise)
         self.code = _counterpart_code(exercise)
         self.hits: list[str] = []
@@ -101,7 +105,7 @@ class _ThreadWatch:
     def __enter__(self):
         if not self.files:
             return self
-        from ._checking import is_user_file
+        is_user_file = self.is_user_file
 
         def other_threads(frame, event, arg):
             if event == "call" and frame.f_code.co_filename in self.files:
@@ -127,31 +131,32 @@ class _ThreadWatch:
         return False
 
 
-def through_membrane(wrapper, name, impl, seed, refuse, run) -> bool:
+def through_membrane(name, impl, seed, refuse, run, *, fail, describe_exception, is_user_file) -> bool:
     """Run a check call through a membrane when one is due. True if it ran here (record or
-    replay), False if the caller should run the check as usual (no session, no stub)."""
-    from . import _checking
-    from .membrane import Membrane, RecordLimit, is_proxy
+    replay), False if the caller should run the check as usual (no session, no stub).
+    `fail`, `describe_exception`, `is_user_file`: the checks' own (autograder._checking), handed in
+    so that the recording imports nothing of the checks."""
+    from .recording.active import activated, active_membrane
+    from .recording.machine import Membrane
+    from .recording.errors import RecordLimit
+    from .recording.proxy import is_proxy
 
     if is_proxy(impl):  # a replay stub, or a recorded adapter handed to a nested check
         m = object.__getattribute__(impl, "_ag_membrane")
-        previous = _checking._ACTIVE
-        _checking._ACTIVE = m
-        try:
-            if m.mode == "replay" and previous is None:
+        outermost = active_membrane() is None
+        with activated(m):
+            if m.mode == "replay" and outermost:
                 message = m.hook("reject", None)
                 if message:
-                    _checking.fail(str(message))
+                    fail(str(message))
             run(impl, seed)
-        finally:
-            _checking._ACTIVE = previous
         return True
     session = SESSION
-    if session is None or _checking._ACTIVE is not None:
+    if session is None or active_membrane() is not None or session.recording:
         return False
     from .fingerprint import code_fingerprints
 
-    m = Membrane("record", exercise=name)
+    m = Membrane("record", exercise=name, fail=fail, describe_exception=describe_exception)
     proxy = m.root(impl)
     entry = {"exercise": name, "seed": seed, "impl": dict(m.s_info[0])}
     try:
@@ -159,19 +164,20 @@ def through_membrane(wrapper, name, impl, seed, refuse, run) -> bool:
     except Exception:  # noqa: BLE001 - a fingerprint is evidence; never let it stop the check
         entry["code"] = []
     outcome = {"ok": False, "type": "Interrupted", "msg": "the check did not finish"}
-    watch = _ThreadWatch(name)
-    _checking._ACTIVE = m
+    watch = _ThreadWatch(name, is_user_file)
+    session.recording = True
     try:
-        try:
-            refuse(impl)
-            message = None
-        except AssertionError as exc:
-            message = str(exc)
-        m.hook("reject", message)
-        if message:
-            _checking.fail(message)
-        with watch:
-            run(proxy, seed)
+        with activated(m):
+            try:
+                refuse(impl)
+                message = None
+            except AssertionError as exc:
+                message = str(exc)
+            m.hook("reject", message)
+            if message:
+                fail(message)
+            with watch:
+                run(proxy, seed)
         outcome = {"ok": True}
     except RecordLimit as exc:
         outcome = {"ok": False, "type": "RecordLimit", "msg": str(exc)}
@@ -180,7 +186,7 @@ def through_membrane(wrapper, name, impl, seed, refuse, run) -> bool:
         outcome = {"ok": False, "type": type(exc).__name__, "msg": str(exc)[:4000]}
         raise
     finally:
-        _checking._ACTIVE = None
+        session.recording = False
         entry.update(events=m.events, outcome=outcome, thread_reference_calls=watch.hits)
         try:
             session.write(entry)

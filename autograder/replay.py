@@ -21,11 +21,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .recording.errors import MAX_EVENTS  # crossings of one check call: the recorder stops at it too
+
 MAX_RECORD_BYTES = 160 << 20  # the whole record of one notebook
 MAX_LINE_BYTES = 40 << 20  # one check call
 MAX_DEPTH = 200  # brackets: the membrane encodes values up to 60 levels deep (a dict level is 3)
 MAX_LINES = 2000  # check calls
-MAX_EVENTS = 400_000  # crossings of one check call (the recorder stops at the same number)
 
 # What the recorder writes on every line (autograder.record.through_membrane), besides exercise,
 # seed and events: a line without one of them was edited. (A line the recorder wrote once the
@@ -201,15 +202,18 @@ def read_records(path) -> tuple[list[dict], list[str]]:
 
 def replay(check_fn, entry: dict) -> tuple[bool, str]:
     """(passed, message) of `check_fn` replayed on one recorded call."""
-    from . import _checking
-    from .membrane import Divergence, Membrane, RecordLimit
+    from ._checking import describe_exception, fail
+    from .recording.active import activated
+    from .recording.errors import Divergence, RecordLimit
+    from .recording.machine import Membrane
 
     info = entry.get("impl") if isinstance(entry.get("impl"), dict) else {}
-    m = Membrane("replay", events=entry["events"], exercise=entry.get("exercise"))
+    m = Membrane("replay", events=entry["events"], exercise=entry.get("exercise"), fail=fail,
+                 describe_exception=describe_exception)
     stub = m.root(info={"c": bool(info.get("c", True)), "t": bool(info.get("t", False))})
-    _checking._ACTIVE = None
     try:
-        check_fn(stub, seed=entry["seed"])
+        with activated(None):  # the check's own call activates the membrane of its stub
+            check_fn(stub, seed=entry["seed"])
     except Divergence as exc:
         return False, f"the record of your code does not answer what the check asks: {exc}"
     except RecordLimit as exc:
@@ -224,8 +228,6 @@ def replay(check_fn, entry: dict) -> tuple[bool, str]:
         return False, "the replay of the record ran out of memory (the grader's memory budget for it)"
     except Exception as exc:  # noqa: BLE001 - a malformed record can make the check fail oddly
         return False, f"{type(exc).__name__}: {exc}"[:2000]
-    finally:
-        _checking._ACTIVE = None
     if m.poisoned:
         return False, f"the record of your code does not answer what the check asks: {m.poisoned}"
     return True, ""

@@ -48,7 +48,7 @@ def _original(cell) -> str:
 def visible_assert_messages(source: str) -> list[str]:
     """The constant messages of the `assert` statements outside the hidden blocks of a test cell,
     in order: known to the student already (the released notebook shows them)."""
-    from .grade import hidden_line_ranges
+    from .notebook_cells import hidden_line_ranges
 
     ranges = hidden_line_ranges(source)
     try:
@@ -65,7 +65,7 @@ def visible_assert_messages(source: str) -> list[str]:
 
 def first_hidden_cell(nb) -> int:
     """Index of the first graded test cell with hidden tests (len(cells) if none)."""
-    from .grade import hidden_line_ranges, is_test_cell
+    from .notebook_cells import hidden_line_ranges, is_test_cell
 
     for index, cell in enumerate(nb.cells):
         if is_test_cell(cell) and hidden_line_ranges(_original(cell)):
@@ -141,7 +141,7 @@ class Reporter:
         self.write((self.nonce + " " + json.dumps(frame) + "\n").encode("utf-8"))
 
     def cell_done(self, executor, index: int) -> None:
-        from .grade import is_test_cell
+        from .notebook_cells import is_test_cell
 
         cell = self.nb.cells[index]
         frame = {"cell": index, "status": executor.status.get(index)}
@@ -261,7 +261,7 @@ def rebuild_test_outputs(cell, summary: dict, token: str | None, probe_findings:
     grader's words), for `grade.score_cell` to read as it reads any cell."""
     import nbformat
 
-    from .grade import grade_id
+    from .notebook_cells import grade_id
 
     outputs = []
     runner_error = summary.get("runner_error")
@@ -311,7 +311,7 @@ def merge(nb, report: Report, tokens: dict, probe: int | None) -> dict[int, str]
     """Put the report's outputs into the grader's copy of the notebook (whole before the first
     hidden test, rebuilt summaries of test cells after it, nothing else), take the probe cell out
     again, and return the cells' statuses by their index without it."""
-    from .grade import grade_id, is_test_cell
+    from .notebook_cells import grade_id, is_test_cell
 
     before = first_hidden_cell(nb)
     probe_findings = [] if probe is None else [

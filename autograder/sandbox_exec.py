@@ -146,7 +146,7 @@ def main(job_path: str) -> int:
     skip_slow_optional_imports()  # (before nbformat: 1.3 s of this runner's start, once per notebook)
     import nbformat
 
-    from .grade import _Executor
+    from .executor import _Executor
     from .runner_report import Reporter
 
     with open(job_path, encoding="utf-8") as f:
@@ -158,9 +158,8 @@ def main(job_path: str) -> int:
     nb = nbformat.reads(text.decode("utf-8"), as_version=4)
     deadline = time.monotonic() + float(job["budget_s"])
     reporter = Reporter(_writer(channel), nonce.decode("ascii"), nb, int(job["outputs_before"]), cap_outputs)
-    executor = _Executor(nb, job["cwd"], job["kernel"], int(job["timeout"]), stage=None, deadline=deadline,
-                         on_cell=reporter.cell_done, env_extra=job.get("env", {}), budget_s=float(job["budget_s"]),
-                         skip_from=job.get("skip_from"))
+    executor = _Executor(nb, job["cwd"], job["kernel"], int(job["timeout"]), deadline=deadline,
+                         on_cell=reporter.cell_done, budget_s=float(job["budget_s"]), skip_from=job.get("skip_from"))
     asyncio.run(executor.run())
     left = end_other_processes() if job.get("sandbox") and _in_sandbox() else []
     reporter.finish(executor, len(left))

@@ -11,7 +11,7 @@ import inspect
 import re
 from pathlib import Path
 
-from .grade import grade_id
+from .notebook_cells import grade_id
 
 _SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.M)
 _HIDDEN_TESTS = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?", re.M | re.S)
@@ -112,6 +112,6 @@ def mutant_for(notebook_path, source) -> tuple[str, object] | None:
 
 def graded_cells_calling(nb, exercise: str) -> list[str]:
     """grade_ids of the graded test cells that call check_<exercise>."""
-    from .grade import is_test_cell
+    from .notebook_cells import is_test_cell
 
     return [grade_id(c) for c in nb.cells if is_test_cell(c) and re.search(rf"\bcheck_{exercise}\s*\(", c.source)]

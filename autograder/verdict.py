@@ -12,62 +12,17 @@ the kernel (that evidence can only lower a score) AND every planned check passes
 """
 from __future__ import annotations
 
-import ast
 import importlib
 import json
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Planned:
-    exercise: str  # the adapter name: check_<exercise>
-    seed: int
-    hidden: bool
-
-
-def check_calls(tree):
-    """(exercise, the seed's node or None, the call) for every `check_<exercise>(impl, ...)` in `tree`."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        if not name.startswith("check_") or not node.args:
-            continue
-        seed = next((k.value for k in node.keywords if k.arg == "seed"), node.args[1] if len(node.args) > 1 else None)
-        yield name.removeprefix("check_"), seed, node
+from .cell_plan import Planned, check_calls, plan_cell  # noqa: F401  (importable from here)
 
 
 def cell_plan(source: str, hidden_ranges: list[tuple[int, int]]) -> list[Planned]:
     from .exercises import BY_ADAPTER
 
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
-        return []
-    calls = []  # (exercise, literal seed or None when not a literal, line)
-    for exercise, seed_node, node in check_calls(tree):
-        e = BY_ADAPTER.get(exercise)
-        visible = e.visible_seed if e else 0
-        if seed_node is None:
-            seed = visible
-        elif isinstance(seed_node, ast.Constant) and type(seed_node.value) is int:
-            seed = seed_node.value
-        else:
-            seed = None
-        calls.append((exercise, seed, visible, node.lineno))
-    out: list[Planned] = []
-    for exercise, seed, visible, lineno in calls:
-        if seed is not None:
-            seeds = (seed,)
-        else:  # a seed computed at run time: the cell's literal seeds of that check (and the visible one)
-            seeds = tuple(dict.fromkeys([visible] + [s for e, s, _, _ in calls if e == exercise and s is not None]))
-        hidden = any(first <= lineno <= last for first, last in hidden_ranges)
-        for one in seeds:
-            p = Planned(exercise, int(one), hidden)
-            if p not in out:
-                out.append(p)
-    return out
+    return plan_cell(source, hidden_ranges, lambda exercise: getattr(BY_ADAPTER.get(exercise), "visible_seed", 0))
 
 
 def find_check(exercise: str):

@@ -1,0 +1,134 @@
+"""Scan the student's code: what zeroes a notebook (references to the grader, builtins, the import
+system, frames: `scan_source`) and what an instructor may want to look at, at no cost (`review_flags`)."""
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+import unicodedata
+
+
+_FORBIDDEN_NAMES = {
+    "autograder": "refers to the autograder",
+    "builtins": "modifies builtins",
+    "__builtins__": "modifies builtins",
+    "importlib": "uses the import machinery (importlib)",
+    "ctypes": "uses ctypes",
+    "__code__": "rewrites function code (__code__)",
+    "__globals__": "reaches into function globals (__globals__)",
+    "__closure__": "reaches into closures (__closure__)",
+    "f_locals": "edits stack frames",
+    "f_globals": "edits stack frames",
+    "f_back": "walks stack frames",
+    "_getframe": "walks stack frames",
+    "currentframe": "walks stack frames",
+    "setprofile": "installs a profiler hook",
+    "settrace": "installs a trace hook",
+    "meta_path": "changes the import system",
+    "path_hooks": "changes the import system",
+    "get_ipython": "reaches into IPython",
+    "InteractiveShell": "reaches into IPython",
+    "run_cell": "reaches into IPython",
+    "showtraceback": "reaches into IPython",
+    "set_custom_exc": "reaches into IPython",
+    "get_objects": "searches the heap (gc)",
+    "get_referrers": "searches the heap (gc)",
+}
+
+
+def _code_lines(source: str) -> str:
+    """The cell without IPython magics / shell lines (they are not Python)."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def scan_source(source: str) -> list[str]:
+    """What in this code touches the grader or the interpreter's internals ('line N: why')."""
+    code = _code_lines(source)
+    findings = []
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        tokens = []
+        for lineno, line in enumerate(code.splitlines(), 1):
+            stripped = line.split("#", 1)[0]
+            for name in _FORBIDDEN_NAMES:
+                if re.search(rf"\b{re.escape(name)}\b", stripped):
+                    findings.append(f"line {lineno}: {_FORBIDDEN_NAMES[name]} (`{line.strip()[:80]}`)")
+        return findings
+    names = [t for t in tokens if t.type == tokenize.NAME]
+    # Python reads identifiers NFKC-normalised (a full-width letter is the plain letter): so does the scan.
+    plain = [unicodedata.normalize("NFKC", t.string) for t in names]
+    for i, tok in enumerate(names):
+        why = _FORBIDDEN_NAMES.get(plain[i])
+        if plain[i] == "modules" and i > 0 and plain[i - 1] == "sys":
+            why = "changes sys.modules"
+        if why:
+            findings.append(f"line {tok.start[0]}: {why} (`{tok.line.strip()[:80]}`)")
+    findings += _scan_course_lib_assignments(code)
+    return list(dict.fromkeys(findings))
+
+
+def _scan_course_lib_assignments(code: str) -> list[str]:
+    """`BlockPool.allocate = ...`, `setattr(course_lib.x, ...)`: patching the course's own code."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "course_lib"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "course_lib":
+            roots |= {a.asname or a.name for a in node.names}
+    if not roots:
+        return []
+
+    def root_of(expr):
+        while isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        return expr.id if isinstance(expr, ast.Name) else None
+
+    findings = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and root_of(target) in roots:
+                findings.append(f"line {node.lineno}: modifies course_lib ({ast.unparse(target)})")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr")
+                and node.args and root_of(node.args[0]) in roots):
+            findings.append(f"line {node.lineno}: modifies course_lib ({ast.unparse(node)[:80]})")
+    return findings
+
+
+_REVIEW_NAMES = {"exec": "runs code from a string (exec)", "eval": "evaluates a string (eval)",
+                 "compile": "compiles code at run time (compile)", "b64decode": "decodes base64",
+                 "__import__": "imports by name (__import__)", "getsource": "reads source code (inspect.getsource)",
+                 "Thread": "starts a thread", "Process": "starts a process", "fork": "forks", "Popen": "runs a program",
+                 "system": "runs a shell command"}
+
+
+def review_flags(source: str) -> list[str]:
+    """Things in the student's code an instructor may want to look at (not penalised)."""
+    flags = []
+    for lineno, line in enumerate(source.splitlines(), 1):
+        stripped = line.lstrip()
+        if stripped.startswith(("%", "!")) and not stripped.startswith(("%matplotlib", "%time", "%timeit", "%%time")):
+            flags.append(f"line {lineno}: IPython magic or shell line (`{stripped[:60]}`)")
+    code = _code_lines(source)
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        tokens = []
+    for tok in tokens:
+        name = unicodedata.normalize("NFKC", tok.string)
+        if name != tok.string:
+            flags.append(f"line {tok.start[0]}: identifier {tok.string!r} is written with look-alike characters")
+        if name in _REVIEW_NAMES:
+            flags.append(f"line {tok.start[0]}: {_REVIEW_NAMES[name]} (`{tok.line.strip()[:80]}`)")
+    return list(dict.fromkeys(flags))[:20]
