@@ -20,10 +20,18 @@ built like `ContinuousScheduler`), `admission` (an object with `can_admit`), `pr
 (an object like `PrefixCache`, built on the pool), `attention` (a function with the
 `paged_decode` signature, used for decode rows), `batch_builder` (a function like
 `runner_batch.build_flat_batch`), `runner` and `clock`.
+
+Parallel sampling (`SamplingParams(n=...)`, `best_of=`): `add_request` returns the group's id and
+makes one `Request` per sample, with id "<group id>#<i>". The prompt is computed once, for sample
+0; the others are forked from it when its last prompt token is computed, sharing its pages (copy
+on write: kv/manager.py). `step()` returns the samples' outputs (`parent_id`, `index`);
+`generate()` returns one output per prompt whose `samples` are the group's answers (with best_of,
+the n of highest cumulative logprob, best first).
 """
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from .clock import WallClock
 from .engine_config import SCHEDULERS, EngineConfig
@@ -34,7 +42,7 @@ from .model.config import ModelConfig
 from .runner import ModelRunner, ScriptedRunner
 from .scheduler.admission import make_admission
 from .scheduler.output import StepStats
-from .scheduler.request import Request, RequestStatus
+from .scheduler.request import Request, RequestStatus, sample_id
 from .scheduler.sampling import SamplingParams
 from .step_profile import StepProfile
 
@@ -48,11 +56,13 @@ class RequestOutput:
 
     __slots__ = ("request_id", "prompt_token_ids", "_tokens", "_num_tokens", "finished", "finish_reason",
                  "error", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
-                 "num_preemptions", "num_cached_tokens", "new_token_ids")
+                 "num_preemptions", "num_cached_tokens", "new_token_ids", "parent_id", "index", "_logprobs",
+                 "cumulative_logprob", "samples")
 
     def __init__(self, request_id, prompt_token_ids, token_ids, finished, finish_reason, error=None,
                  arrival_time=0.0, first_scheduled_time=None, first_token_time=None, finish_time=None,
-                 num_preemptions=0, num_cached_tokens=0, new_token_ids=()):
+                 num_preemptions=0, num_cached_tokens=0, new_token_ids=(), parent_id=None, index=0,
+                 logprobs=None, cumulative_logprob=0.0, samples=None):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids  # shared with the request, never mutated
         self._tokens, self._num_tokens = token_ids, len(token_ids)
@@ -61,11 +71,28 @@ class RequestOutput:
         self.first_token_time, self.finish_time = first_token_time, finish_time
         self.num_preemptions, self.num_cached_tokens = num_preemptions, num_cached_tokens
         self.new_token_ids = new_token_ids if type(new_token_ids) is list else list(new_token_ids)  # (streaming)
+        # Parallel sampling: the group's id (add_request's) and this sample's index in it (None, 0 alone);
+        # a group's output from generate() lists its answers in `samples`.
+        self.parent_id, self.index, self.samples = parent_id, index, samples
+        self._logprobs, self.cumulative_logprob = logprobs, cumulative_logprob
+
+    @property
+    def logprobs(self) -> list | None:
+        """With SamplingParams.logprobs: per generated token (its logprob, ((id, logprob), ...) of the
+        top alternatives), at snapshot time; else None."""
+        return None if self._logprobs is None else self._logprobs[: self._num_tokens]
 
     @property
     def token_ids(self) -> list[int]:
         """The generated ids at snapshot time (a fresh list each read)."""
         return self._tokens[: self._num_tokens]
+
+    @property
+    def new_logprobs(self) -> list | None:
+        """The logprobs entries of `new_token_ids` (None without SamplingParams.logprobs)."""
+        if self._logprobs is None:
+            return None
+        return self._logprobs[self._num_tokens - len(self.new_token_ids): self._num_tokens]
 
     @property
     def ttft(self) -> float | None:
@@ -87,7 +114,8 @@ class RequestOutput:
             r.request_id, r.prompt_token_ids, r.output_token_ids, finished,
             r.finish_reason.value if finished and r.finish_reason else None, r.error,
             r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finish_time,
-            r.num_preemptions, r.num_cached_tokens, new_token_ids,
+            r.num_preemptions, r.num_cached_tokens, new_token_ids, r.parent_id, r.sample_index, r.logprobs,
+            r.cumulative_logprob,
         )
 
 
@@ -142,6 +170,8 @@ class LLMEngine:
 
         self.clock = clock if clock is not None else WallClock()
         self.requests: dict[str, Request] = {}
+        self.groups: dict[str, list[Request]] = {}  # parallel sampling: group id -> its samples, in index order
+        self.group_params: dict[str, SamplingParams] = {}  # ... and the group's own parameters (n, best_of)
         self.step_stats: list[StepStats] = []
         self.step_profile: StepProfile | None = None  # where each step's time goes, when asked (profile_steps)
         self._ids = itertools.count()
@@ -157,18 +187,37 @@ class LLMEngine:
                 request_id = f"req-{next(self._ids)}"
         request_id = str(request_id)
         self._validate(request_id, prompt_token_ids, params)
-        request = Request(request_id, list(prompt_token_ids), params,
-                          arrival_time=self.clock.now() if arrival_time is None else arrival_time)
+        arrival = self.clock.now() if arrival_time is None else arrival_time
+        if params.num_samples > 1:
+            samples = self._sample_group(request_id, list(prompt_token_ids), params, arrival)
+        else:
+            samples = [Request(request_id, list(prompt_token_ids), params, arrival_time=arrival)]
         if scripted_output_len is not None:  # the scripted runner's stop length (a model decides for itself)
             set_output_len = getattr(self.runner, "set_output_len", None)
             if set_output_len is not None:
-                set_output_len(request_id, scripted_output_len)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
+                for sample in samples:
+                    set_output_len(sample.request_id, scripted_output_len)
+        for sample in samples:
+            self.requests[sample.request_id] = sample
+        self.scheduler.add(samples[0])
         return request_id
 
+    def _sample_group(self, group_id: str, prompt: list[int], params: SamplingParams, arrival: float) -> list:
+        """The requests of a group: sample i has id "<group_id>#<i>" and, with a seed, seed + i (vLLM V1's
+        rule: sample 0 answers as n=1 would). Sample 0 holds the others in `forks` until its prompt is done."""
+        logprobs = params.logprobs if params.logprobs is not None else (0 if params.needs_logprobs else None)
+        samples = []
+        for i in range(params.num_samples):
+            own = replace(params, n=1, best_of=None, logprobs=logprobs,
+                          seed=None if params.seed is None else params.seed + i)
+            samples.append(Request(sample_id(group_id, i), prompt, own, arrival_time=arrival, parent_id=group_id,
+                                   sample_index=i))
+        samples[0].forks = samples[1:]
+        self.groups[group_id], self.group_params[group_id] = samples, params
+        return samples
+
     def _validate(self, request_id, prompt, params) -> None:
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.groups:
             raise ValueError(f"duplicate request id {request_id!r}: ids must be unique per engine")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -179,6 +228,11 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         params.check_vocab(vocab)
+        if params.num_samples > 1:
+            self._check_parallel_sampling(request_id, params)
+        elif params.needs_logprobs and not getattr(self.runner, "reports_logprobs", False):
+            raise ValueError(f"logprobs need a runner that reports them (the model runner); "
+                             f"{type(self.runner).__name__} does not")
         if len(prompt) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens leaves no room to generate: "
                              f"max_model_len is {self.max_model_len}")
@@ -189,7 +243,36 @@ class LLMEngine:
             raise ValueError(f"request needs up to {worst} KV slots (prompt {len(prompt)} + max_tokens "
                              f"{params.max_tokens}) but the whole pool holds {capacity}")
 
+    def _check_parallel_sampling(self, request_id: str, params: SamplingParams) -> None:
+        """n / best_of > 1 needs pieces that know how to fork samples; refused by name otherwise."""
+        from .scheduler.continuous import ContinuousScheduler
+
+        k, what = params.num_samples, "best_of" if params.best_of else "n"
+        if k > self.config.max_num_seqs:
+            raise ValueError(f"{what} = {k} samples cannot run together: the engine has max_num_seqs = "
+                             f"{self.config.max_num_seqs} seats")
+        if type(self.scheduler).schedule is not ContinuousScheduler.schedule:
+            raise ValueError(f"{what} = {k} (parallel sampling) needs ContinuousScheduler's schedule(), which keeps "
+                             f"seats for a group's samples; {type(self.scheduler).__name__} has its own")
+        if self.kv.reserve_max_len:
+            raise ValueError(f"{what} = {k} (parallel sampling) shares pages: it needs kv_layout 'paged', "
+                             f"not 'contiguous'")
+        if not getattr(self.runner, "supports_forks", False):
+            raise ValueError(f"{what} = {k} (parallel sampling) needs a runner that samples forks (the model or "
+                             f"scripted runner); {type(self.runner).__name__} does not")
+        if params.needs_logprobs and not getattr(self.runner, "reports_logprobs", False):
+            raise ValueError(f"logprobs (and best_of > n, which ranks by them) need a runner that reports them "
+                             f"(the model runner); {type(self.runner).__name__} does not")
+        taken = [sample_id(request_id, i) for i in range(k) if sample_id(request_id, i) in self.requests]
+        if taken:
+            raise ValueError(f"duplicate request id {taken[0]!r}: the samples of {request_id!r} need their ids")
+
     def abort(self, request_id) -> None:
+        group = self.groups.get(str(request_id))
+        if group is not None:  # a group: every sample (the unborn ones first, so none is promoted to sample 0)
+            for sample in reversed(group):
+                self.abort(sample.request_id)
+            return
         request = self.requests.get(str(request_id))
         if request is None:
             raise ValueError(f"cannot abort unknown request id {request_id!r}")
@@ -260,6 +343,11 @@ class LLMEngine:
                 changed[s.request_id] = (r, [sampled[s.request_id]])
                 if r.first_token_time is None:
                     first_tokens.append(r)
+                for fork_id, _ in s.forks:  # samples born this step, each with its first token
+                    child = requests[fork_id]
+                    child.first_scheduled_time = r.first_scheduled_time
+                    changed[fork_id] = (child, [sampled[fork_id]])
+                    first_tokens.append(child)
         stats = StepStats(
             step=len(self.step_stats), start_time=start, end_time=self.clock.now(),
             num_running=out.num_running, num_waiting=out.num_waiting,
@@ -301,25 +389,52 @@ class LLMEngine:
             # keeps the rate of the first update when the rest finish in one burst (2.7 req/s
             # shown for 64 requests done in 0.4 s in a notebook).
             bar = tqdm(total=len(ids), desc="generate", unit="req", smoothing=0)
-        pending = set(ids)
+        pending = {sid: rid for rid in ids for sid in self._sample_ids(rid)}  # sample id -> id add_request gave
+        left = {rid: len(self._sample_ids(rid)) for rid in ids}
         while pending:
             if not self.has_unfinished_requests:
                 raise RuntimeError("engine has no work but requests are unfinished (bug)")
             for o in self.step():
                 if o.finished and o.request_id in pending:
-                    pending.discard(o.request_id)
-                    if bar is not None:
+                    rid = pending.pop(o.request_id)
+                    left[rid] -= 1
+                    if bar is not None and not left[rid]:
                         bar.update(1)
         if bar is not None:
             bar.close()
-        return [RequestOutput.of(self.requests[i]) for i in ids]
+        return [self.output(i) for i in ids]
+
+    def _sample_ids(self, request_id: str) -> list[str]:
+        group = self.groups.get(request_id)
+        return [request_id] if group is None else [r.request_id for r in group]
+
+    def output(self, request_id: str) -> RequestOutput:
+        """The output of `request_id` now. For a group (n or best_of > 1): its `samples` are the answers
+        (best_of: the n of highest cumulative logprob, best first; ties keep sample order), each with
+        `index` its place in that list; the rest of the fields are those of `samples[0]`, with
+        `finished` true once every sample is."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return RequestOutput.of(self.requests[request_id])
+        outs = [RequestOutput.of(r) for r in group]
+        n = self.group_params[request_id].n
+        if len(outs) > n:
+            outs = sorted(outs, key=lambda o: -o.cumulative_logprob)[:n]  # (sorted is stable: ties keep order)
+            for i, o in enumerate(outs):
+                o.index = i
+        head = RequestOutput.of(next(r for r in group if r.request_id == outs[0].request_id))
+        head.request_id, head.parent_id, head.index, head.samples = request_id, None, 0, outs
+        head.finished = all(r.is_finished for r in group)
+        return head
 
     def stream(self, prompts, sampling_params=None):
-        """Like generate, but yields each RequestOutput as soon as a step changes it."""
+        """Like generate, but yields each RequestOutput as soon as a step changes it (a group's samples
+        one by one: `parent_id` names the id generate would report)."""
         ids = set(self._add_all(prompts, sampling_params))
-        while any(not self.requests[i].is_finished for i in ids):
+        samples = [sid for rid in ids for sid in self._sample_ids(rid)]
+        while any(not self.requests[i].is_finished for i in samples):
             for o in self.step():
-                if o.request_id in ids:
+                if o.request_id in ids or o.parent_id in ids:
                     yield o
 
     def _add_all(self, prompts, sampling_params) -> list[str]:
@@ -344,4 +459,25 @@ class LLMEngine:
             "prefix_queried_tokens": pc.queried_tokens if pc else 0,
             "prefix_hit_tokens": pc.hit_tokens if pc else 0,
             "prefix_hit_rate": pc.hit_rate if pc else 0.0,
+            # Sharing: pages the running requests would hold more without it (prefix-cache hits and parallel
+            # samples' shared prompt pages), and, since the start, pages forked samples took by reference
+            # and pages copied on write.
+            "kv_pages_saved_by_sharing": self.kv.pages_saved_by_sharing(),
+            "forked_pages": self.kv.num_forked_pages,
+            "copied_pages": self.kv.num_copied_pages,
         }
+
+    def forget(self, request_id: str) -> None:
+        """Drop the record of a finished request (or of a group once every sample is finished), so that a
+        long-running server does not keep every request it served. Unfinished ones stay."""
+        group = self.groups.get(request_id)
+        if group is not None:
+            if all(r.is_finished and r not in self.scheduler.running for r in group):
+                del self.groups[request_id], self.group_params[request_id]
+                for r in group:
+                    self.requests.pop(r.request_id, None)
+            return
+        request = self.requests.get(request_id)
+        if request is not None and request.parent_id is None and request.is_finished \
+                and request not in self.scheduler.running:
+            del self.requests[request_id]

@@ -24,8 +24,8 @@ import torch
 from .attention import default_backend, paged_decode, paged_prefill, write_kv
 from .attention.torch_paged import paged_decode_torch, paged_prefill_torch, plan_decode, plan_prefill
 from .runner_batch import build_flat_batch
-from .sampler import sample
-from .scheduler.output import SchedulerOutput
+from .sampler import sample, token_logprobs
+from .scheduler.output import SampledTokens, SchedulerOutput
 
 
 class PagedAttend:
@@ -150,7 +150,13 @@ EAGER_PREFILL_WORK = 2**24
 class ModelRunner:
     """Runs the real model over one SchedulerOutput. Owns the K/V storage: per layer a pair of
     tensors `[num_pages + 1, page_size, num_kv_heads, head_dim]`, indexed by the pool's page ids;
-    the extra last page is a scratch page that padding rows (static batching) write to."""
+    the extra last page is a scratch page that padding rows (static batching) write to.
+
+    Parallel sampling: it copies `out.page_copies` (copy on write) before the forward pass, and
+    samples each entry's `forks` from that entry's logits row, each with its own generator."""
+
+    supports_forks = True  # the engine serves n > 1 only with a runner that says so
+    reports_logprobs = True  # ... and logprobs / best_of only with one that returns them
 
     def __init__(self, model, num_pages: int, page_size: int, attention="auto", seed: int = 0,
                  forward: str = "auto", batch_builder=None):
@@ -197,6 +203,8 @@ class ModelRunner:
         """One forward pass over `out`; returns the sampled token of each sampling request."""
         for rid in out.finished_ids:
             self.generators.pop(rid, None)
+        if out.page_copies:
+            self._copy_pages(out.page_copies)
         if not out.scheduled and not out.num_padded_tokens:
             return {}
         # Single-token rows (decodes) first: the attention splits the batch there.
@@ -205,7 +213,8 @@ class ModelRunner:
         batch = self.batch_builder(ordered, self.page_size, self.device, self.pad_slot)
         num_decodes = out.num_padded_tokens
         prefill_pairs = 0  # (query, visible token) pairs of the prefill chunks: their attention work
-        logits_rows, params, ids, histories = [], [], [], []
+        logits_rows, params, ids, histories, with_logprobs = [], [], [], [], []
+        fork_rows = None  # with forks: for each sampled id, its row among logits_rows (which stay unique)
         row = out.num_padded_tokens - 1
         for s in scheduled:
             n = s.num_new_tokens
@@ -216,9 +225,22 @@ class ModelRunner:
                 prefill_pairs += n * s.start + n * (n + 1) // 2
             if s.samples:
                 logits_rows.append(row)
+                if fork_rows is not None:
+                    fork_rows.append(len(logits_rows) - 1)
                 params.append(s.sampling_params)
                 ids.append(s.request_id)
                 histories.append(s.history)
+                if s.sampling_params.needs_logprobs:
+                    with_logprobs.append(len(ids) - 1)
+                for fork_id, fork_params in s.forks:  # a group's siblings: the same row, their own draws
+                    if fork_rows is None:
+                        fork_rows = list(range(len(logits_rows)))
+                    fork_rows.append(len(logits_rows) - 1)
+                    params.append(fork_params)
+                    ids.append(fork_id)
+                    histories.append(s.history)
+                    if fork_params.needs_logprobs:
+                        with_logprobs.append(len(ids) - 1)
         logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
         profile = self.step_profile
         if profile is not None:
@@ -244,11 +266,25 @@ class ModelRunner:
                 profile.add("c_forward", t_sample - t_forward)
         if not ids:
             return {}
+        if fork_rows is not None:  # a logits row for every sample
+            logits = logits[torch.tensor(fork_rows, dtype=torch.long, device=logits.device)]
         tokens = sample(logits, params, [self._generator(rid, p) for rid, p in zip(ids, params)], histories,
                         self.eos_token_ids)
+        if with_logprobs:
+            entries = token_logprobs(logits, tokens, params, with_logprobs)
+            result = SampledTokens(zip(ids, tokens), {ids[i]: entry for i, entry in zip(with_logprobs, entries)})
+        else:
+            result = dict(zip(ids, tokens))
         if profile is not None:
             profile.add("sample", self._profile_clock() - t_sample)
-        return dict(zip(ids, tokens))
+        return result
+
+    def _copy_pages(self, copies) -> None:
+        """Copy on write: each (shared page, fresh page)'s K/V rows, in every layer, before anything is written."""
+        src = torch.tensor([a for a, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([b for _, b in copies], dtype=torch.long, device=self.device)
+        for cache in (*self.k_caches, *self.v_caches):
+            cache[dst] = cache[src]
 
     def _profile_clock(self) -> int:
         """The step profile's clock (profiling only). On a GPU it first waits for the work queued so
@@ -268,7 +304,10 @@ class ModelRunner:
 
 class ScriptedRunner:
     """No model: a request emits filler tokens and then EOS at its scripted output length (set
-    with `set_output_len`; its `max_tokens` if none was set)."""
+    with `set_output_len`; its `max_tokens` if none was set). Samples of one prompt (n > 1) are
+    forked like the model runner's; there is no K/V to copy, and no logprobs."""
+
+    supports_forks = True
 
     def __init__(self, eos_token_id: int, filler_token_id: int = 3):
         self.eos_token_id, self.filler_token_id = eos_token_id, filler_token_id
@@ -286,8 +325,8 @@ class ScriptedRunner:
         tokens = {}
         for s in out.scheduled:
             if s.samples:
-                rid = s.request_id
-                k = emitted[rid] = emitted.get(rid, 0) + 1
-                target = lens.get(rid) or s.sampling_params.max_tokens
-                tokens[rid] = self.eos_token_id if k >= target else self.filler_token_id
+                for rid, params in ((s.request_id, s.sampling_params), *s.forks):
+                    k = emitted[rid] = emitted.get(rid, 0) + 1
+                    target = lens.get(rid) or params.max_tokens
+                    tokens[rid] = self.eos_token_id if k >= target else self.filler_token_id
         return tokens

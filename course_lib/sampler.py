@@ -50,3 +50,24 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
         probs = torch.softmax(scores, dim=-1)
         tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]))
     return tokens
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], params: list[SamplingParams], rows: list[int]) -> list:
+    """For each of `rows`: (the log-probability of `tokens[row]`, ((id, logprob), ...) of the
+    `params[row].logprobs` most likely tokens). Of the model's raw distribution (`logits` as the model
+    gave them, before penalties, temperature and top-k / top-p: vLLM's default `logprobs_mode`)."""
+    picked = logits[rows]
+    if picked.dtype in (torch.float16, torch.bfloat16):
+        picked = picked.float()
+    logprobs = torch.log_softmax(picked, dim=-1).cpu()
+    chosen = logprobs[torch.arange(len(rows)), torch.tensor([tokens[r] for r in rows])].tolist()
+    entries = []
+    for i, row in enumerate(rows):
+        k = params[row].logprobs or 0
+        if k:
+            values, ids = torch.topk(logprobs[i], k)
+            top = tuple(zip(ids.tolist(), values.tolist()))
+        else:
+            top = ()
+        entries.append((chosen[i], top))
+    return entries

@@ -152,8 +152,7 @@ def test_unknown_model_is_a_404(client):
 NOT_SUPPORTED = [
     ("response_format", {"type": "json_object"}), ("guided_json", {"type": "object"}),
     ("guided_regex", "[0-9]+"), ("guided_choice", ["a", "b"]), ("min_p", 0.1), ("suffix", "!"),
-    ("truncate_prompt_tokens", 4), ("prompt_logprobs", 1), ("echo", True),
-    ("logprobs", 0), ("top_logprobs", 2), ("best_of", 2), ("n", 2), ("n", True),
+    ("truncate_prompt_tokens", 4), ("prompt_logprobs", 1),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
 ]
 

@@ -1,7 +1,9 @@
 """Soak (bounded, loopback): 1,000 requests from 64 concurrent clients, 10% of which hang up
-mid-stream and 10% of which are malformed, against a pool small enough to preempt. Every
-well-formed request gets exactly the greedy tokens the engine gives in process; every
-malformed one an OpenAI error; afterwards no page is leaked and the server still answers."""
+mid-stream and 10% of which are malformed, against a pool small enough to preempt. A quarter of the
+well-formed ones ask for n = 2 or 3 greedy samples (sharing their prompt's pages) and a fifth end at
+a stop string. Every well-formed request gets, in every choice, exactly the greedy tokens the engine
+gives in process (cut at the stop string, when one appears); every malformed one an OpenAI error;
+afterwards no page is leaked and the server still answers."""
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +28,8 @@ CONFIG = dict(num_pages=40, max_num_seqs=32, admission="none")
 MALFORMED = [
     b'{"prompt": "reverse: 1"', b"[]", json.dumps({"model": "nope", "prompt": "reverse: 1"}).encode(),
     json.dumps({"prompt": ""}).encode(), json.dumps({"prompt": "reverse: 1", "max_tokens": 0}).encode(),
-    json.dumps({"prompt": "reverse: 1", "n": 2}).encode(), json.dumps({"prompt": [3, 999]}).encode(),
-    json.dumps({"prompt": [5] * 400}).encode(), json.dumps({"prompt": "reverse: 1", "logprobs": 1}).encode(),
+    json.dumps({"prompt": "reverse: 1", "n": 2, "best_of": 1}).encode(), json.dumps({"prompt": [3, 999]}).encode(),
+    json.dumps({"prompt": [5] * 400}).encode(), json.dumps({"prompt": "reverse: 1", "logprobs": 99}).encode(),
 ]
 
 
@@ -39,7 +41,8 @@ def make_jobs(tokenizer, seed: int = 0) -> list[dict]:
         text, _ = sample_task(rng)
         jobs.append({"kind": kind, "prompt": tokenizer.encode_prompt(text), "max_tokens": rng.randint(2, 10),
                      "stream": rng.random() < 0.5, "bad": MALFORMED[i % len(MALFORMED)],
-                     "leave_after": rng.randint(0, 3)})
+                     "leave_after": rng.randint(0, 3), "n": rng.choice([1, 1, 1, 1, 1, 1, 2, 3]),
+                     "stop": str(rng.randrange(10)) if rng.random() < 0.2 else None})
     rng.shuffle(jobs)
     return jobs
 
@@ -56,19 +59,21 @@ async def run_job(session, url: str, job: dict) -> dict:
             r.close()  # hang up: the server must abort the request and free its pages
         return {"status": r.status}
     body = {"prompt": job["prompt"], "max_tokens": job["max_tokens"], "temperature": 0, "stream": job["stream"],
-            "return_token_ids": True}
+            "return_token_ids": True, "n": job["n"], "stop": job["stop"]}
     async with session.post(url, json=body) as r:
         if not job["stream"]:
             data = await r.json()
-            return {"status": r.status, "ids": data["choices"][0]["token_ids"],
-                    "finish": data["choices"][0]["finish_reason"]}
-        ids, finish = [], None
+            return {"status": r.status, "choices": [(c["text"], c["token_ids"], c["finish_reason"])
+                                                    for c in data["choices"]]}
+        texts, ids, finish = {}, {}, {}
         async for line in r.content:
             if line.startswith(b"data: {"):
                 choice = json.loads(line[6:])["choices"][0]
-                ids += choice["token_ids"]
-                finish = choice["finish_reason"] or finish
-        return {"status": r.status, "ids": ids, "finish": finish}
+                i = choice["index"]
+                texts[i] = texts.get(i, "") + choice["text"]
+                ids[i] = ids.get(i, []) + choice["token_ids"]
+                finish[i] = choice["finish_reason"] or finish.get(i)
+        return {"status": r.status, "choices": [(texts[i], ids[i], finish[i]) for i in sorted(texts)]}
 
 
 async def soak(url: str, jobs: list[dict]) -> list[dict]:
@@ -104,7 +109,7 @@ def test_soak_thousand_requests_with_hangups_and_garbage():
         health = asyncio.run(_get(srv.url + "/health"))
         pool_after = (engine.pool.num_free_pages, engine.pool.num_pages)
         engine.pool.check_invariants()
-        leftover = len(engine.requests)
+        leftover = len(engine.requests) + len(engine.groups)
         preemptions = srv.loop.stats["num_preemptions"]
 
     answers = iter(expected)
@@ -113,9 +118,9 @@ def test_soak_thousand_requests_with_hangups_and_garbage():
         if job["kind"] == "good":
             want = next(answers)
             assert result["status"] == 200, result
-            if result["ids"] != want.token_ids or result["finish"] != {"eos": "stop"}.get(want.finish_reason,
-                                                                                        want.finish_reason):
-                mismatches.append((job["prompt"], result, want.token_ids))
+            choice = _expected_choice(tokenizer, want, job["stop"])
+            if result["choices"] != [choice] * job["n"]:
+                mismatches.append((job["prompt"], job["n"], job["stop"], result, choice))
         elif job["kind"] == "bad":
             unknown_model = b'"nope"' in job["bad"]  # a 404, as OpenAI and vLLM answer it
             assert result["status"] == (404 if unknown_model else 400), result
@@ -125,6 +130,22 @@ def test_soak_thousand_requests_with_hangups_and_garbage():
     assert leftover == 0, f"the engine still holds {leftover} request records"
     assert health == 200
     print(f"soak: {NUM_REQUESTS} requests in {elapsed:.1f} s, {preemptions} preemptions")
+
+
+def _expected_choice(tokenizer, want, stop: str | None) -> tuple:
+    """(text, ids, finish_reason) of the in-process greedy answer, cut at `stop` as the server cuts it."""
+    reason = {"eos": "stop"}.get(want.finish_reason, want.finish_reason)
+    text = tokenizer.decode(want.token_ids)
+    if stop is None or stop not in text:
+        return text, want.token_ids, reason
+    # the ids run up to the token that completed the stop string (one character a token here)
+    ids, seen = [], ""
+    for token in want.token_ids:
+        ids.append(token)
+        seen += tokenizer.decode([token])
+        if stop in seen:
+            break
+    return text[:text.index(stop)], ids, "stop"
 
 
 async def _get(url: str) -> int:

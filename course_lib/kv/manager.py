@@ -7,6 +7,14 @@ pages back), offers full pages to the prefix cache (`commit`), and counts waste:
 for a request but not (yet) holding one of its tokens. It reads a request's progress counter
 but never writes it: the scheduler does.
 
+Parallel sampling (vLLM's copy on write): `fork(parent, child)` gives a new sample the pages of the
+sample its prompt was computed for, by reference (the pool's `share`: one more owner each, no K/V
+moves). A sample about to write into a page it still shares (its last, partly filled prompt page:
+full pages are never written again) first takes a fresh page, records (shared page, fresh page) in
+`pending_copies` for the runner to copy the K/V rows into before the forward pass, and drops its
+reference to the shared page (`_copy_on_write`). Only the pool's allocate / free / share / ref_counts
+are used, so a student's pool plugs in unchanged.
+
 The contiguous baseline is the same code with one page of `max_model_len` slots per request
 (`reserve_max_len=True`): the first token reserves room for the longest possible sequence,
 which is exactly what a per-request contiguous buffer does.
@@ -31,6 +39,14 @@ class KVCacheManager:
         self._num_filled = 0  # running sums of the above and of pages held: waste accounting is O(1)
         self._num_held_pages = 0
         self._chain: dict[str, tuple[int, int]] = {}  # prefix cache: (pages registered, last serial)
+        # Copy on write: (shared page, fresh page) pairs the runner copies before the next forward pass
+        # (the scheduler moves them into SchedulerOutput.page_copies), and the running counts /metrics shows.
+        self.pending_copies: list[tuple[int, int]] = []
+        self.num_forked_pages = 0  # pages forked samples took by reference instead of computing their own
+        self.num_copied_pages = 0  # of those, pages copied on write since
+        # The empty tail of a partly filled page shared by k samples is counted k times in the per-request
+        # sums above: the k - 1 extra counts, subtracted from the waste (a shared page is wasted once).
+        self._shared_tail_waste = 0
 
     # -- questions --------------------------------------------------------------------------
     @property
@@ -62,7 +78,8 @@ class KVCacheManager:
         target = self._target_slots(request, num_new_tokens, cached_pages)
         fresh = max(0, self.pages_to_hold(target) - held)
         revived = sum(1 for p in cached_pages if self.pool.ref_counts[p] == 0)
-        return fresh + revived
+        copy = 1 if table is not None and self._shared_write_page(table, request.num_computed_tokens) >= 0 else 0
+        return fresh + revived + copy
 
     def can_allocate(self, request, num_new_tokens: int, cached_pages=()) -> bool:
         return self.num_pages_needed(request, num_new_tokens, cached_pages) <= self.pool.num_free_pages
@@ -74,7 +91,12 @@ class KVCacheManager:
     def wasted_slots(self) -> int:
         """Reserved but empty: the unfilled tail of each request's pages. Shared pages are always
         full, so summing per request never counts a shared page's slots twice."""
-        return self._num_held_pages * self.page_size - self._num_filled
+        return self._num_held_pages * self.page_size - self._num_filled - self._shared_tail_waste
+
+    def pages_saved_by_sharing(self) -> int:
+        """Pages the running requests would hold more without sharing: page references they hold minus
+        pages in use (prefix-cache hits and parallel samples' shared prompt pages)."""
+        return self._num_held_pages - (self.pool.num_pages - self.pool.num_free_pages)
 
     def used_slots(self) -> int:
         return self.allocated_slots() - self.wasted_slots()
@@ -108,6 +130,8 @@ class KVCacheManager:
         computed = request.num_computed_tokens
         if table is None or computed >= len(table.pages) * self.page_size:
             return None
+        if self.pool.ref_counts[table.pages[-1]] > 1:
+            return None  # its last page is shared with a sibling sample: allocate copies it first
         self._num_filled += computed + 1 - self.filled[rid]
         self.filled[rid] = computed + 1
         return table.pages
@@ -135,7 +159,11 @@ class KVCacheManager:
                 self.prefix_cache.hit_tokens += min(cached_tokens, request.num_prompt_tokens)
             filled = cached_tokens + num_new_tokens
         else:
-            filled = request.num_computed_tokens + num_new_tokens
+            computed = request.num_computed_tokens
+            shared = self._shared_write_page(table, computed)
+            if shared >= 0:
+                self._copy_on_write(rid, table, shared)
+            filled = computed + num_new_tokens
         target = self.max_model_len if self.reserve_max_len else filled
         need = self.pages_to_hold(target) - len(table.pages)
         if need > 0:
@@ -144,6 +172,45 @@ class KVCacheManager:
         self._num_filled += filled - self.filled.get(rid, 0)
         self.filled[rid] = filled
         return cached_tokens
+
+    # -- parallel sampling: fork and copy on write ---------------------------------------------
+    def fork(self, parent, child) -> None:
+        """`child` (a new sample) starts as `parent` is now: the same pages, shared by reference."""
+        pid, cid = parent.request_id, child.request_id
+        pages = self.tables[pid].pages
+        for page in pages:
+            self.pool.share(page)
+        table = self.tables[cid] = PageTable(self.page_size)
+        table.pages = pages
+        filled = self.filled[pid]
+        self.filled[cid] = filled
+        self._num_filled += filled
+        self._num_held_pages += len(pages)
+        self._shared_tail_waste += len(pages) * self.page_size - filled  # the shared last page's empty tail
+        self.num_forked_pages += len(pages)
+        if pid in self._chain:
+            self._chain[cid] = self._chain[pid]
+
+    def _shared_write_page(self, table: PageTable, position: int) -> int:
+        """The index of the page that `position` is written into, if the request shares it; else -1."""
+        i = position // self.page_size
+        if i < len(table.pages) and self.pool.ref_counts[table.pages[i]] > 1:
+            return i
+        return -1
+
+    def _copy_on_write(self, rid: str, table: PageTable, i: int) -> None:
+        """Give `rid` a page of its own in place of its shared page `i` (its last, partly filled one)."""
+        shared = table.pages[i]
+        (fresh,) = self.pool.allocate(1)
+        self.pending_copies.append((shared, fresh))
+        self.num_copied_pages += 1
+        self._shared_tail_waste -= self._tail_waste(rid, table)
+        table.pages = table.pages[:i] + (fresh,) + table.pages[i + 1:]
+        self.pool.free([shared])
+
+    def _tail_waste(self, rid: str, table: PageTable) -> int:
+        """Empty slots of `rid`'s last page (0 when it is full)."""
+        return len(table.pages) * self.page_size - self.filled.get(rid, 0)
 
     def commit(self, request) -> None:
         """After a step: offer the request's newly completed pages to the prefix cache (the
@@ -164,8 +231,11 @@ class KVCacheManager:
         """Give back every page of `request` (finished, aborted or preempted)."""
         rid = request.request_id
         table = self.tables.pop(rid, None)
-        self._num_filled -= self.filled.pop(rid, 0)
+        filled = self.filled.pop(rid, 0)
+        self._num_filled -= filled
         self._chain.pop(rid, None)
         if table is not None:
+            if table.pages and self.pool.ref_counts[table.pages[-1]] > 1:  # a sibling keeps the shared tail
+                self._shared_tail_waste -= len(table.pages) * self.page_size - filled
             self._num_held_pages -= len(table.pages)
             self.pool.free(table.pages)

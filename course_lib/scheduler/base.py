@@ -12,6 +12,16 @@ only:
 - `next_step()` completes the subclass's decision into the runner's whole input;
 - `update(output, sampled)` advances every scheduled request after the forward pass: progress,
   new token, full pages into the prefix cache, stop decision, retirement.
+
+Parallel sampling (SamplingParams.n / best_of): only a group's sample 0 is queued; its siblings
+wait in its `forks`. The step that computes the last prompt token samples a first token for every
+sample from the same logits (`ScheduledRequest.forks`, filled in by `next_step`), and `update`
+forks the siblings then (`_fork`): each is a running request from that moment, holding the prompt's
+pages by reference (`kv.fork`), its progress where sample 0's is. From there each sample is an
+ordinary request: it decodes, stops, is preempted (and recomputed alone) or aborted on its own; the
+KV manager copies a shared page the first time one of them writes into it. A scheduler keeps seats
+for a group's unborn samples (`_seats_free`); only `ContinuousScheduler`'s `schedule()` does, so the
+engine refuses n > 1 with any other.
 """
 from __future__ import annotations
 
@@ -43,6 +53,7 @@ class SchedulerBase:
         self._admit_counter = 0
         self._live: dict[str, Request] = {}  # every request added and not yet delivered, by id
         self._gone: list[str] = []  # ids delivered since the last step (the runner may drop their state)
+        self._forking: dict[str, Request] = {}  # sample 0 of each group whose siblings are still unborn
 
     # -- questions --------------------------------------------------------------------------
     @property
@@ -78,7 +89,16 @@ class SchedulerBase:
     # -- actions the subclass calls ---------------------------------------------------------
     def add(self, request: Request) -> None:
         self._live[request.request_id] = request
+        if request.forks:
+            self._forking[request.request_id] = request
         self.waiting.append(request)
+
+    def _seats_free(self) -> int:
+        """Seats left for new requests: those not taken by running requests nor kept for the unborn
+        samples of running groups (they join the batch when their prompt is done)."""
+        kept = sum(len(r.forks) for r in self._forking.values() if r.status is RequestStatus.RUNNING) \
+            if self._forking else 0
+        return self.max_num_seqs - len(self.running) - kept
 
     def _admit(self, request: Request, num_new_tokens: int, cached_pages) -> None:
         """Start `request` with room for `num_new_tokens`; it skips the tokens its cached pages hold."""
@@ -119,13 +139,37 @@ class SchedulerBase:
         request.error = (f"out of KV pages mid-generation ({self.kv.num_pages} pages in the pool) "
                          "and preemption is off")
         out.failed.append(request.request_id)
+        for child in self._unborn(request):  # its siblings cannot be born without its prompt: they fail too
+            child.status, child.finish_reason, child.error = RequestStatus.FINISHED, FinishReason.ERROR, request.error
+            self._live[child.request_id] = child
+            out.failed.append(child.request_id)
+
+    def _unborn(self, request: Request) -> list[Request]:
+        """`request`'s siblings not yet forked (and not aborted); forgets them."""
+        self._forking.pop(request.request_id, None)
+        children = [c for c in request.forks if c.status is not RequestStatus.FINISHED]
+        request.forks = ()
+        return children
 
     def abort(self, request: Request) -> None:
+        heirs = self._unborn(request) if request.forks else []
+        if heirs:  # sample 0 leaves before its prompt was computed: the next sample takes its place
+            heir = heirs[0]
+            heir.forks = heirs[1:]
+            self._live[heir.request_id] = heir
+            if heir.forks:
+                self._forking[heir.request_id] = heir
         if request in self.waiting:
-            self.waiting.remove(request)
-        elif request in self.running:
-            self.running.remove(request)
-            self.kv.free(request)
+            if heirs:
+                self.waiting[self.waiting.index(request)] = heir
+            else:
+                self.waiting.remove(request)
+        else:
+            if request in self.running:
+                self.running.remove(request)
+                self.kv.free(request)
+            if heirs:
+                self.waiting.appendleft(heir)
         request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORTED
         if self._live.pop(request.request_id, None) is not None:
@@ -155,6 +199,15 @@ class SchedulerBase:
             s.sampling_params = r.sampling_params
             if s.samples and r.sampling_params.adjusts_logits:
                 s.history = (r.prompt_token_ids, r.output_token_ids)
+        if self._forking:  # the step that samples a group's first token samples its siblings' too
+            for s in out.scheduled:
+                r = self._forking.get(s.request_id)
+                if r is not None and s.samples:
+                    s.forks = tuple((c.request_id, c.sampling_params) for c in r.forks
+                                    if c.status is not RequestStatus.FINISHED)
+        kv = self.kv
+        if kv.pending_copies:  # copy on write: the runner copies these pages before the forward pass
+            out.page_copies, kv.pending_copies = kv.pending_copies, []
         out.finished_ids, self._gone = self._gone, []
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
         return out
@@ -166,6 +219,7 @@ class SchedulerBase:
         failed), in the order they finished."""
         live, eos, max_len = self._live, self.eos_token_ids, self.kv.max_model_len
         commit = self.kv.commit if self.kv.prefix_cache is not None else None
+        logprobs = getattr(sampled, "logprobs", None) or None  # only a runner asked for logprobs has them
         finished = [live.pop(rid) for rid in out.failed]
         self._gone += out.failed
         for s in out.scheduled:
@@ -175,9 +229,13 @@ class SchedulerBase:
                 commit(r)
             if not s.samples:
                 continue
+            if s.forks:
+                self._fork(r, s.forks, sampled, logprobs, finished)
             token = sampled[s.request_id]
             output = r.output_token_ids
             output.append(token)
+            if logprobs is not None and s.request_id in logprobs:
+                _add_logprob(r, logprobs[s.request_id])
             p = r.sampling_params
             # Most tokens stop nothing: say so in one expression (this runs for every token).
             if (token not in eos or p.ignore_eos) and len(output) < p.max_tokens \
@@ -185,13 +243,39 @@ class SchedulerBase:
                 continue
             reason = self._stop_reason(r, token)
             if reason is not None:
-                r.finish_reason = reason
-                for done in self.finish(r):
-                    done.status = RequestStatus.FINISHED
-                    if live.pop(done.request_id, None) is not None:
-                        self._gone.append(done.request_id)
-                    finished.append(done)
+                self._retire(r, reason, finished)
         return finished
+
+    def _retire(self, r: Request, reason: FinishReason, finished: list) -> None:
+        r.finish_reason = reason
+        for done in self.finish(r):
+            done.status = RequestStatus.FINISHED
+            if self._live.pop(done.request_id, None) is not None:
+                self._gone.append(done.request_id)
+            finished.append(done)
+
+    def _fork(self, leader: Request, forks: tuple, sampled: dict, logprobs, finished: list) -> None:
+        """`leader`'s prompt is computed: its siblings are born now, sharing its pages, each with the
+        first token the runner drew for it from the same logits."""
+        children = {c.request_id: c for c in self._unborn(leader)}
+        for cid, _ in forks:
+            child = children.get(cid)
+            if child is None:
+                continue  # aborted since
+            child.num_computed_tokens = leader.num_computed_tokens
+            self.kv.fork(leader, child)
+            child.status = RequestStatus.RUNNING
+            child.admit_seq = self._admit_counter
+            self._admit_counter += 1
+            self.running.append(child)
+            self._live[cid] = child
+            token = sampled[cid]
+            child.output_token_ids.append(token)
+            if logprobs is not None and cid in logprobs:
+                _add_logprob(child, logprobs[cid])
+            reason = self._stop_reason(child, token)
+            if reason is not None:
+                self._retire(child, reason, finished)
 
     def _stop_reason(self, r: Request, token: int) -> FinishReason | None:
         p = r.sampling_params
@@ -203,3 +287,11 @@ class SchedulerBase:
         if num_output >= p.max_tokens or len(r.prompt_token_ids) + num_output >= self.kv.max_model_len:
             return FinishReason.LENGTH
         return None
+
+
+def _add_logprob(request: Request, entry: tuple) -> None:
+    """One sampled token's (logprob, top alternatives), from the runner."""
+    if request.logprobs is None:
+        request.logprobs = []
+    request.logprobs.append(entry)
+    request.cumulative_logprob += entry[0]

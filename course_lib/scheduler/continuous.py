@@ -47,7 +47,8 @@ class ContinuousScheduler(SchedulerBase):
             i += 1
 
         # 2. Admit from the queue, but never in a step that had to preempt: the pool is full.
-        while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
+        # A group's sample 0 takes seats for its siblings too (they join when its prompt is done).
+        while self.waiting and not out.preempted and self._seats_free() > len(self.waiting[0].forks) and budget > 0:
             request = self.waiting[0]
             cached = self.kv.lookup_prefix(request)
             n = self._chunk(request.num_tokens - len(cached) * self.kv.page_size, budget)

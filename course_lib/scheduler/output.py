@@ -35,6 +35,10 @@ class ScheduledRequest:
     # (prompt ids, output ids): the request's own lists, not copies, set only when its sampling params
     # adjust logits (penalties, min_tokens, logit_bias read what it has seen); kept out of repr and ==.
     history: tuple | None = field(default=None, repr=False, compare=False)
+    # Parallel sampling: (request id, sampling params) of each sample born from this row (its request's
+    # siblings). The runner draws a token for each from the same logits, with the sample's own
+    # generator (its params carry its seed). Empty almost always.
+    forks: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def positions(self) -> range:
@@ -55,6 +59,9 @@ class SchedulerOutput:
     num_padded_tokens: int = 0  # static batching computes padding rows too; the clock charges them
     num_running: int = 0  # requests holding a seat after this decision (static: finished passengers too)
     num_waiting: int = 0  # requests in the queue after this decision
+    # Copy on write: (source page, fresh page) pairs whose K/V the runner copies before the forward
+    # pass: a sample about to write into a page it shares with its siblings gets a copy of its own.
+    page_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -63,6 +70,18 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+class SampledTokens(dict):
+    """What a runner returns: {request id: token}, and in `logprobs` {request id: (logprob of the token,
+    ((token id, logprob), ...) of the top alternatives)} for the rows whose sampling parameters ask for
+    them (`SamplingParams.needs_logprobs`). A plain dict (no logprobs) is as good when none ask."""
+
+    __slots__ = ("logprobs",)
+
+    def __init__(self, tokens=(), logprobs=None):
+        super().__init__(tokens)
+        self.logprobs = logprobs or {}
 
 
 @dataclass

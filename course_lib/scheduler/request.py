@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from .sampling import SamplingParams
 
 
+def sample_id(group_id: str, index: int) -> str:
+    """The request id of sample `index` of a request with n / best_of > 1 (SamplingParams)."""
+    return f"{group_id}#{index}"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -47,6 +52,16 @@ class Request:
     # Behind the `num_cached_tokens` property below, which keeps it within the prompt.
     _num_cached_tokens: int = field(default=0, repr=False)
     admit_seq: int = -1  # order of (latest) admission: the youngest is preempted first
+    # Parallel sampling (SamplingParams.n / best_of > 1): each sample is a Request of its own, with id
+    # "<parent_id>#<sample_index>". Only sample 0 is queued; the others wait in its `forks` and are born
+    # when its prompt is computed, sharing its pages (SchedulerBase._fork).
+    parent_id: str | None = None
+    sample_index: int = 0
+    forks: list | tuple = ()
+    # With SamplingParams.logprobs (or best_of): per output token (its logprob, ((id, logprob), ...) of the
+    # top alternatives), and the sum of the sampled tokens' logprobs.
+    logprobs: list | None = None
+    cumulative_logprob: float = 0.0
 
     @property
     def num_cached_tokens(self) -> int:

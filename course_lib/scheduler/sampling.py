@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 LOGIT_BIAS_LIMIT = 100.0  # as OpenAI: a bias is in [-100, 100]
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs and vLLM's default max_logprobs
 _ADJUSTING = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias"})
 
 
@@ -19,7 +20,16 @@ class SamplingParams:
     positive logits and multiplies the negative ones of every token in the prompt or the output;
     `min_tokens` forbids EOS and the stop ids until that many tokens were generated; `logit_bias`
     ({token id: bias in [-100, 100]}) adds to those logits. Their neutral values (0, 0, 1, 0, None)
-    leave the logits untouched. `skip_special_tokens` is for detokenizing (the server's text)."""
+    leave the logits untouched. `skip_special_tokens` is for detokenizing (the server's text).
+
+Parallel sampling (vLLM's meaning): `n` answers to one prompt, whose prompt K/V is computed once
+and shared (the samples fork after the prompt, see engine.py); `best_of` (>= n, None: n) samples
+generated, of which the `n` with the highest cumulative log-probability are returned. With a
+`seed`, sample i draws from its own generator seeded `seed + i` (vLLM V1's rule), so sample 0 is
+the answer n=1 gives and each sample is reproducible on its own. `logprobs` (None: off; k in
+[0, 20]) returns, for every generated token, its log-probability and the k most likely tokens'
+(the model's raw distribution: before penalties, temperature, top-k / top-p, as vLLM's default
+`logprobs_mode`)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -34,6 +44,9 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    n: int = 1
+    best_of: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -64,7 +77,26 @@ class SamplingParams:
                 if not _finite(bias) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                     raise ValueError(f"logit_bias of token {token} must be in [-100, 100], got {bias!r}")
             self.logit_bias = {token: float(bias) for token, bias in self.logit_bias.items()} or None
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1 (samples per prompt), got {self.n!r}")
+        if self.best_of is not None and (isinstance(self.best_of, bool) or not isinstance(self.best_of, int)
+                                         or self.best_of < self.n):
+            raise ValueError(f"best_of must be an integer >= n = {self.n} (or None), got {self.best_of!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         object.__setattr__(self, "adjusts_logits", self._asks_for_adjustment())
+        object.__setattr__(self, "needs_logprobs", self._needs_logprobs())
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated for the prompt: best_of if set, else n."""
+        return self.best_of or self.n
+
+    # `needs_logprobs`: the runner must report each sampled token's log-probability (asked for, or best_of
+    # ranks the samples by it). A plain attribute like `adjusts_logits`, read for every sampled token.
+    def _needs_logprobs(self) -> bool:
+        return self.logprobs is not None or self.num_samples > self.n
 
     def check_vocab(self, vocab_size: int) -> None:
         """The engine's check, once it knows the vocabulary: every biased token must exist."""
@@ -83,6 +115,8 @@ class SamplingParams:
         object.__setattr__(self, name, value)
         if name in _ADJUSTING and "adjusts_logits" in self.__dict__:
             object.__setattr__(self, "adjusts_logits", self._asks_for_adjustment())
+        if name in ("logprobs", "n", "best_of") and "needs_logprobs" in self.__dict__:
+            object.__setattr__(self, "needs_logprobs", self._needs_logprobs())
 
     @property
     def greedy(self) -> bool:

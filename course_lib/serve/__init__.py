@@ -14,6 +14,8 @@ thread of the HTTP process instead; app.py and dashboard.py serve either one unc
 - `request_body.py`: the body's size limit, enforced while reading; strict JSON (depth, finite numbers).
 - `errors.py`: `APIError`, the OpenAI error shape.
 - `stop_strings.py`: stop strings on the decoded text; a stream holds back what may begin one.
+- `choices.py`: answers with several choices (n / best_of), logprobs or echo, streamed or whole.
+- `logprobs.py`: log-probabilities in OpenAI's completions and chat shapes.
 - `engine_loop.py`: the one loop that owns the engine; commands in, token deltas out (in a thread).
 - `engine_process.py`: that loop in a process of its own, and the HTTP side's handle on it.
 - `app.py`: the Starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.

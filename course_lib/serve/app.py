@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .choices import choice_events, collect_choices
 from .engine_loop import ACCEPTED, EngineLoop, RequestStream
 from .dashboard import PAUSED_DETAIL, paused_metric
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -104,16 +105,19 @@ class Renderer:
         self.head = (f'{{"id":"{request_id}","object":"{self.object}","created":{self.created},'
                      f'"model":{json.dumps(self.model)},"choices":[')
 
-    def chunk(self, text: str | None, reason: str | None, token_ids=None, first=False, usage=None) -> bytes:
-        """One SSE chunk; `usage` (the running counts) with stream_options.continuous_usage_stats."""
-        if self.kind == "completion" and reason is None and token_ids is None and usage is None:  # common: by hand
+    def chunk(self, text: str | None, reason: str | None, token_ids=None, first=False, usage=None, index: int = 0,
+              logprobs=None) -> bytes:
+        """One SSE chunk; `usage` (the running counts) with stream_options.continuous_usage_stats;
+        `index` the choice (n > 1), `logprobs` its rendered logprobs (logprobs.py)."""
+        if self.kind == "completion" and reason is None and token_ids is None and usage is None and index == 0 \
+                and logprobs is None:  # the common chunk: by hand
             return b"data: " + (self.head + '{"index":0,"text":' + json.dumps(text or "")
                                 + ',"logprobs":null,"finish_reason":null}]}').encode() + b"\n\n"
         if self.kind == "completion":
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         else:
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         if token_ids is not None:
             choice["token_ids"] = token_ids
         tail = "]}" if usage is None else '],"usage":' + json.dumps(usage) + "}"
@@ -123,17 +127,23 @@ class Renderer:
         return frame(self.head + '],"usage":' + json.dumps(usage) + "}")
 
     def full(self, text: str, reason: str | None, usage: dict, token_ids) -> dict:
+        return self.full_choices([self.choice(0, text, reason, token_ids)], usage)
+
+    def choice(self, index: int, text: str, reason: str | None, token_ids=None, logprobs=None) -> dict:
+        """One choice of a whole (non-streamed) answer."""
         if self.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-            obj = "text_completion"
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": reason}
-            obj = "chat.completion"
         if token_ids is not None:
             choice["token_ids"] = token_ids
+        return choice
+
+    def full_choices(self, choices: list[dict], usage: dict) -> dict:
+        obj = "text_completion" if self.kind == "completion" else "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage}
+                "choices": choices, "usage": usage}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -170,10 +180,11 @@ def make_handler(state: ServeState, kind: str):
         except APIError as err:
             return error_response(err)
         render = Renderer(state, stream.request_id, kind, parsed)
+        several = parsed.params.num_samples > 1 or parsed.logprobs is not None or parsed.echo
         if parsed.stream:
-            return EventStream(_events(state, stream, parsed, render),
-                               on_disconnect=lambda: _gone(state, stream))
-        return await _collect(state, stream, parsed, render, request.receive)
+            events = (choice_events if several else _events)(state, stream, parsed, render)
+            return EventStream(events, on_disconnect=lambda: _gone(state, stream))
+        return await (collect_choices if several else _collect)(state, stream, parsed, render, request.receive)
 
     return handler
 

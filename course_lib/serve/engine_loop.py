@@ -53,6 +53,9 @@ class Delta:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    index: int = 0  # which sample of a request with n / best_of > 1
+    logprobs: list | None = None  # with logprobs asked: (logprob, top alternatives) of each new token
+    cumulative_logprob: float = 0.0  # (finished deltas of samples with logprobs: what best_of ranks by)
 
 
 ACCEPTED = "accepted"  # the first item of an admitted request's queue
@@ -134,6 +137,7 @@ class EngineLoop:
         self.metrics = metrics
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream | None] = {}  # live request id -> its handler (None: internal)
+        self._samples_left: dict[str, int] = {}  # a request with n / best_of > 1: its samples not yet ended
         self._outbox: dict = {}  # asyncio loop -> [(stream, item)] to deliver after this iteration
         self.deliver = deliver
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -214,6 +218,8 @@ class EngineLoop:
             self._post(stream, APIError(str(err)))
             return False
         self._streams[rid] = stream
+        if params.num_samples > 1:
+            self._samples_left[rid] = params.num_samples
         self._post(stream, ACCEPTED)
         return True
 
@@ -224,12 +230,28 @@ class EngineLoop:
     def _abort(self, request_id: str, reason: str | None = None) -> None:
         if request_id in self._streams:
             del self._streams[request_id]
-            self.engine.abort(request_id)  # frees its pages now
+            self._samples_left.pop(request_id, None)
+            self.engine.abort(request_id)  # frees its pages now (every sample's, for n > 1)
             if reason in API_FINISH_REASONS:  # the answer is whole: a finish, timed like any other
                 self._finished(RequestOutput.of(self.engine.requests[request_id]), time.monotonic(), reason)
             elif self.metrics is not None:
                 self.metrics.aborted(request_id)
             snapshot.forget_request(self.engine, request_id)
+            return
+        request = self.engine.requests.get(request_id)
+        parent = None if request is None else request.parent_id
+        if parent in self._streams and not request.is_finished:  # one sample of several (its stop string)
+            self.engine.abort(request_id)
+            out = RequestOutput.of(request)
+            if reason in API_FINISH_REASONS:
+                self._finished(out, time.monotonic(), reason)
+            elif self.metrics is not None:
+                self.metrics.aborted(request_id)
+            stream = self._streams[parent]
+            if stream is not None:  # every sample ends with one finished delta (an engine process counts them)
+                self._post(stream, Delta([], True, reason or "aborted", None, len(out.prompt_token_ids),
+                                         len(out.token_ids), out.index))
+            self._sample_ended(parent)
 
     def pause(self, paused: bool) -> None:
         self.paused = paused
@@ -306,17 +328,19 @@ class EngineLoop:
             tokens += len(new)
             rid = out.request_id
             if rid not in streams:
-                continue  # aborted by its client in the meantime
+                if out.parent_id is not None and out.parent_id in streams:
+                    self._sample_step(out, now)
+                continue  # (else aborted by its client in the meantime)
             stream = streams[rid]
             if out.finished:
                 del streams[rid]
                 self._finished(out, now)
                 if stream is not None:
                     post(stream, Delta(new, True, out.finish_reason, out.error, len(out.prompt_token_ids),
-                                       len(out.token_ids)))
+                                       len(out.token_ids), 0, out.new_logprobs, out.cumulative_logprob))
                 snapshot.forget_request(self.engine, rid)
             elif stream is not None:
-                post(stream, Delta(new))
+                post(stream, Delta(new) if out.new_logprobs is None else Delta(new, logprobs=out.new_logprobs))
         if tokens:
             self.rolling.tokens.append((now, tokens))
         self.rolling.trim(now)
@@ -324,6 +348,27 @@ class EngineLoop:
         snapshot.trim_step_history(self.engine, STEP_HISTORY)
         if self.dashboard_watching():
             self.turnstile.append((self.num_steps, self.seats.update(self.engine)))
+
+    def _sample_step(self, out, now: float) -> None:
+        """One sample of a request with n / best_of > 1 changed: its delta, with its index, to the handler."""
+        parent = out.parent_id
+        stream = self._streams[parent]
+        if out.finished:
+            self._finished(out, now)
+            if stream is not None:
+                self._post(stream, Delta(out.new_token_ids, True, out.finish_reason, out.error,
+                                         len(out.prompt_token_ids), len(out.token_ids), out.index, out.new_logprobs,
+                                         out.cumulative_logprob))
+            self._sample_ended(parent)
+        elif stream is not None:
+            self._post(stream, Delta(out.new_token_ids, index=out.index, logprobs=out.new_logprobs))
+
+    def _sample_ended(self, parent: str) -> None:
+        """A sample ended (the engine's finish, or its stop string): the request ends with its last one."""
+        self._samples_left[parent] -= 1
+        if not self._samples_left[parent]:
+            del self._samples_left[parent], self._streams[parent]
+            snapshot.forget_request(self.engine, parent)
 
     def _finished(self, out, now: float, reason: str | None = None) -> None:
         """`out` has ended, for the engine's reason or for `reason` (the API's)."""
@@ -337,6 +382,7 @@ class EngineLoop:
             self.metrics.finished(out, reason, None if request is None else request.sampling_params.max_tokens)
 
     def _fail_all(self, message: str) -> None:
+        self._samples_left.clear()
         for rid, stream in list(self._streams.items()):
             del self._streams[rid]
             try:

@@ -18,7 +18,8 @@ Messages are tuples of plain values, pickled, in length-prefixed frames (see `fr
                      ("stop",)
     from it:         ("ready", info)  ("failed", message)  ("out", [(rid, item)], num_steps, busy_s)
                      ("answer", call_id, ok, value)
-An item is "accepted", a running stream's new ids (a list), ("done", ...) or ("rejected", ...).
+An item is "accepted", a running stream's new ids (a list; ("more", ids, index, logprobs) for a
+sample of n > 1 or with logprobs), ("done", ...) or ("rejected", ...).
 The API side reads the output pipe from its event loop and writes commands without ever blocking
 (a part at a time when the pipe is full). `EngineClient` offers the API side what `EngineLoop`
 does in a thread (`add`, `abort`, `ask`, `alive`, `num_steps`, `busy_s`, `stop`), so app.py and
@@ -54,13 +55,15 @@ class RemoteStream:
 
 
 # Items in the output pipe, in the cheapest shapes to pickle (64 of them a step): a Delta still
-# running is its list of new token ids alone.
+# running, of a request's only sample and without logprobs, is its list of new token ids alone.
 def _encode(item):
     if isinstance(item, Delta):
         if not item.finished:
-            return list(item.new_token_ids)
+            if item.index == 0 and item.logprobs is None:
+                return list(item.new_token_ids)
+            return ("more", list(item.new_token_ids), item.index, item.logprobs)
         return ("done", list(item.new_token_ids), item.finish_reason, item.error, item.num_prompt_tokens,
-                item.num_output_tokens)
+                item.num_output_tokens, item.index, item.logprobs, item.cumulative_logprob)
     if isinstance(item, APIError):
         return ("rejected", item.message, item.status, item.type, item.param, item.code, item.headers)
     return item  # ACCEPTED
@@ -71,6 +74,8 @@ def _decode(item):
         return Delta(item)
     if item == ACCEPTED:
         return ACCEPTED  # the handler checks identity: the pipe gave us a copy
+    if item[0] == "more":
+        return Delta(item[1], index=item[2], logprobs=item[3])
     if item[0] == "done":
         return Delta(item[1], True, *item[2:])
     _, text, status, kind, param, code, headers = item
@@ -256,13 +261,16 @@ class EngineClient:
 
     def add(self, stream, prompt_token_ids, params) -> None:
         self._attach()
-        self._streams[stream.request_id] = [stream, False]
+        # [stream, accepted, samples whose finished delta is still to come (n / best_of > 1: several)]
+        self._streams[stream.request_id] = [stream, False, params.num_samples]
         self._send(("add", stream.request_id, list(prompt_token_ids), params))
 
     def abort(self, request_id: str, reason: str | None = None) -> None:
         """End a request: its client left (`reason` None), or its answer is complete ("stop": a stop
         string), so the engine counts it as finished for that reason, with its latencies."""
         if self._streams.pop(request_id, None) is not None:
+            self._send(("abort", request_id, reason))
+        elif "#" in request_id and request_id.rpartition("#")[0] in self._streams:  # one sample (its stop string)
             self._send(("abort", request_id, reason))
 
     async def ask(self, action: str, *args):
@@ -377,8 +385,12 @@ class EngineClient:
             item = _decode(item)
             if item is ACCEPTED:
                 entry[1] = True
-            elif isinstance(item, APIError) or item.finished:
+            elif isinstance(item, APIError):
                 del streams[request_id]
+            elif item.finished:  # every sample ends with one finished delta (engine_loop.py)
+                entry[2] -= 1
+                if not entry[2]:
+                    del streams[request_id]
             entry[0].put(item)
 
     def _gone(self, reason: str) -> None:
@@ -387,7 +399,7 @@ class EngineClient:
             self._gone_reason = reason
         self._detach()
         self._pending.clear()
-        for stream, accepted in self._streams.values():
+        for stream, accepted, _ in self._streams.values():
             stream.put(Delta([], True, "error", reason) if accepted else
                        APIError(reason, status=503, type="server_error", code="engine_down"))
         self._streams.clear()

@@ -161,6 +161,14 @@ class ServerMetrics:
                               buckets=TPOT_BUCKETS, registry=r)
         self.latency = Histogram("course_lib_e2e_request_latency_seconds", "Arrival to last token",
                                  buckets=LATENCY_BUCKETS, registry=r)
+        # Sharing (the vLLM paper's parallel sampling): what the pool saves by holding pages by reference.
+        self.pages_saved = gauge("course_lib_kv_pages_saved_by_sharing", "KV pages the running requests would "
+                                 "hold more without sharing: page references minus pages in use (parallel samples' "
+                                 "shared prompt pages and prefix-cache hits); times page size = KV slots saved.")
+        self.pages_forked = counter("course_lib_kv_pages_forked", "Pages parallel samples (n / best_of > 1) took "
+                                    "by reference from their prompt's sample instead of computing their own.")
+        self.pages_copied = counter("course_lib_kv_pages_copied_on_write", "Shared pages copied on write: a "
+                                    "sample's first write into a partly filled page it shared.")
         info = Gauge("course_lib_model_info", "The served model", ["model_name"], registry=r)
         info.labels(model_name=model_name).set(1)
 
@@ -178,7 +186,8 @@ class ServerMetrics:
             rid = out.request_id
             before = last.get(rid)
             if before is None:
-                self.v_prompt_tokens.inc(len(out.prompt_token_ids))
+                if not out.index:  # a request with n > 1: its prompt once (the other samples share it)
+                    self.v_prompt_tokens.inc(len(out.prompt_token_ids))
                 if out.first_token_time is not None:
                     self.v_ttft.observe(out.first_token_time - out.arrival_time)
             else:
@@ -249,10 +258,13 @@ class ServerMetrics:
         self.pages_total.set(stats["num_pages"])
         self.prefix_queried.set(stats["prefix_queried_tokens"])
         self.prefix_hits.set(stats["prefix_hit_tokens"])
+        self.pages_saved.set(stats.get("kv_pages_saved_by_sharing", 0))
         for counters, total in (((self.preemptions, self.v_preemptions), stats["num_preemptions"]),
                                 ((self.steps,), num_steps),
                                 ((self.v_prefix_queries,), stats["prefix_queried_tokens"]),
-                                ((self.v_prefix_hits,), stats["prefix_hit_tokens"])):
+                                ((self.v_prefix_hits,), stats["prefix_hit_tokens"]),
+                                ((self.pages_forked,), stats.get("forked_pages", 0)),
+                                ((self.pages_copied,), stats.get("copied_pages", 0))):
             self._advance(counters, total)
         return generate_latest(self.registry)
 

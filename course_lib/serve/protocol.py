@@ -26,9 +26,26 @@ Honoured: `model`, `prompt` / `messages`, `max_tokens` (or `max_completion_token
   is a 400 from the engine), and `skip_special_tokens` (false: special tokens such as `<eos>` stay
   in the text).
 
-Accepted only at their neutral value, refused with a 400 otherwise: `n` and `best_of` (1),
-`logprobs` / `top_logprobs`, `echo`, `min_p`, `response_format` / guided output, `suffix`,
-`truncate_prompt_tokens`, `prompt_logprobs`, tools. Any other field is a 400 naming it.
+Parallel sampling and log-probabilities (SamplingParams explains how the engine computes them):
+
+- `n` (>= 1; at most the engine's max_num_seqs, a 400 naming it) answers in `choices`, each with its
+  `index`; streamed, every chunk carries one choice and its `index` (chunks of different choices
+  interleave). The samples share the prompt's pages in the engine; with a `seed`, choice i is drawn
+  with seed + i, so choice 0 is the n = 1 answer;
+- `best_of` (>= n, null: n): that many samples are generated and the n of highest cumulative
+  logprob returned, best first (as vLLM and OpenAI's legacy completions); not with `stream` (the
+  best are known only at the end, OpenAI's rule too); usage counts every sample's tokens;
+- `logprobs`: completions: an integer in [0, 20], the alternatives per token, in OpenAI's shape
+  (`tokens`, `token_logprobs`, `top_logprobs` (the sampled token and the k most likely, as vLLM),
+  `text_offset`); chat: true / false, with `top_logprobs` in [0, 20] (only with logprobs true), in
+  the chat shape (`content`: token, logprob, bytes, top_logprobs). Raw log-probabilities of the model
+  (before penalties, temperature, top-k / top-p); tokens ended by a stop string are left out;
+- `echo` (completions): the prompt's text before the answer (its first chunk when streaming); not
+  with logprobs (that would need the prompt's logprobs, which this server does not compute).
+
+Accepted only at their neutral value, refused with a 400 otherwise: `echo` in chat, `top_logprobs`
+in completions, `min_p`, `response_format` / guided output, `suffix`, `truncate_prompt_tokens`,
+`prompt_logprobs`, tools. Any other field is a 400 naming it.
 
 The chat template (documented here because the tiny model has none): the tiny model knows no
 roles, only task prompts like "reverse: 58213", so a conversation's prompt is the content of its
@@ -41,7 +58,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from course_lib.scheduler.sampling import SamplingParams
+from course_lib.scheduler.sampling import MAX_LOGPROBS, SamplingParams
 
 from .errors import APIError, error_body, shown
 from .request_body import MAX_BODY_BYTES, parse_json
@@ -70,6 +87,19 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)  # stop strings (the engine sees only stop_token_ids)
     include_stop_str: bool = False
     continuous_usage: bool = False  # usage in every streamed chunk
+    echo: bool = False  # completions: the prompt's text before the answer
+    echo_text: str = ""  # ... that text: the prompt as sent, or its ids decoded
+
+    @property
+    def n(self) -> int:
+        return self.params.n
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token the client asked for (None: no logprobs in the answer)."""
+        return self.params.logprobs if self.asked_logprobs else None
+
+    asked_logprobs: bool = False  # (best_of > n makes the engine compute logprobs the client did not ask for)
 
 
 # ------------------------------------------------------------------------------------ fields
@@ -185,7 +215,33 @@ def _logit_bias(body) -> dict[int, float] | None:
     return parsed or None
 
 
-def _sampling(body, max_tokens: int) -> SamplingParams:
+def _samples(body, stream: bool) -> tuple[int, int | None]:
+    """(n, best_of): how many answers, out of how many samples."""
+    n = _integer(body, "n", 1, minimum=1)
+    n = 1 if n is None else n
+    best_of = _integer(body, "best_of", minimum=1)
+    if best_of is not None and best_of < n:
+        raise APIError(f"best_of must be >= n ({n}), got {best_of}", param="best_of")
+    if best_of is not None and best_of > n and stream:
+        raise APIError(f"best_of ({best_of}) > n ({n}) cannot stream: the best samples are known only when all "
+                       f"have ended", param="best_of")
+    return n, best_of
+
+
+def _logprobs(body, kind: str) -> int | None:
+    """Alternatives per token (None: off). Completions: `logprobs` is the count; chat: `logprobs` is a
+    flag and `top_logprobs` the count."""
+    if kind == "completion":
+        return _integer(body, "logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    asked = _flag(body, "logprobs")
+    top = _integer(body, "top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    if top and not asked:
+        raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return (top or 0) if asked else None
+
+
+def _sampling(body, max_tokens: int, n: int = 1, best_of: int | None = None,
+              logprobs: int | None = None) -> SamplingParams:
     min_tokens = _integer(body, "min_tokens", 0, minimum=0, maximum=max_tokens,
                           limit_words=" (it cannot exceed max_tokens)")
     try:
@@ -204,6 +260,7 @@ def _sampling(body, max_tokens: int) -> SamplingParams:
             min_tokens=0 if min_tokens is None else min_tokens,
             logit_bias=_logit_bias(body),
             skip_special_tokens=_flag(body, "skip_special_tokens", True),
+            n=n, best_of=best_of, logprobs=logprobs,
         )
     except ValueError as err:  # SamplingParams' own checks
         raise APIError(str(err)) from None
@@ -326,15 +383,36 @@ def parse_request(kind: str, body: dict, tokenizer, served_name: str | tuple, ma
     prompt = completion_prompt(body, tokenizer) if kind == "completion" else chat_prompt(body, tokenizer)
     # OpenAI's defaults: 16 tokens for completions; chat answers may run to the end of the context.
     default = 16 if kind == "completion" else max(1, max_model_len - len(prompt))
-    params = _sampling(body, _max_tokens(body, len(prompt), max_model_len, default))
+    n, best_of = _samples(body, stream)
+    logprobs = _logprobs(body, kind)
+    echo = kind == "completion" and _flag(body, "echo")
+    if echo and logprobs is not None:
+        raise APIError("echo with logprobs needs the prompt's logprobs, which this server does not compute: "
+                       "send one of them", param="echo", code="unsupported")
+    params = _sampling(body, _max_tokens(body, len(prompt), max_model_len, default), n, best_of, logprobs)
     return ParsedRequest(kind, prompt, params, stream, include_usage, _flag(body, "return_token_ids"), stop,
-                         _flag(body, "include_stop_str_in_output"), continuous_usage)
+                         _flag(body, "include_stop_str_in_output"), continuous_usage, echo,
+                         _echo_text(body["prompt"], prompt, tokenizer) if echo else "",
+                         asked_logprobs=logprobs is not None)
+
+
+def _echo_text(sent, ids: list[int], tokenizer) -> str:
+    """The prompt as the client sent it (as vLLM echoes a text prompt), or its token ids decoded."""
+    if isinstance(sent, list) and len(sent) == 1 and isinstance(sent[0], str):
+        sent = sent[0]
+    if isinstance(sent, str):
+        return sent
+    if hasattr(tokenizer, "encode_prompt"):
+        return tokenizer.decode(ids)
+    return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def param_of_engine_error(message: str, kind: str) -> str | None:
     """Which field an engine ValueError is about (its messages name prompts or max_tokens)."""
     if message.startswith("logit_bias"):
         return "logit_bias"
+    if message.startswith(("n = ", "best_of = ")):  # parallel sampling's limits (max_num_seqs, ...)
+        return message.split(" ")[0]
     if "max_tokens" in message and "prompt" not in message.split("(")[0]:
         return "max_tokens"
     return "prompt" if kind == "completion" else "messages"

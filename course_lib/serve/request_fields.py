@@ -6,7 +6,7 @@ measures the wrong thing. So every top-level field of a body falls in one of thr
 
 - HONOURED: read and acted on by protocol.py (per endpoint);
 - NEUTRAL_ONLY: fields OpenAI or vLLM define that this server does not implement. They are accepted
-  only at the value that asks for nothing (`n` 1, `min_p` 0, `echo` false, `null`
+  only at the value that asks for nothing (`min_p` 0, `echo` false in chat, `null`
   for any of them), so clients that send the defaults explicitly keep working; any other value is a
   400 saying the field is not supported by this server;
 - anything else: a 400 naming the unknown field.
@@ -22,9 +22,10 @@ ENDPOINTS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stream",
            "stream_options", "stop", "include_stop_str_in_output", "stop_token_ids", "ignore_eos",
            "return_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-           "logit_bias", "skip_special_tokens",
+           "logit_bias", "skip_special_tokens", "n", "best_of", "logprobs",
            "user"}  # OpenAI's end-user id: metadata for abuse monitoring, no effect on the answer there either
-HONOURED = {"completion": _COMMON | {"prompt"}, "chat": _COMMON | {"messages"}}
+# `echo` is the completions endpoint's; `top_logprobs` chat's (completions' `logprobs` is the count itself).
+HONOURED = {"completion": _COMMON | {"prompt", "echo"}, "chat": _COMMON | {"messages", "top_logprobs"}}
 
 
 def _null_or(*values):
@@ -38,11 +39,8 @@ def _null_or(*values):
 _NOT_SUPPORTED = "not supported by this server"
 # name: (accepts(value), the neutral value in words, why anything else is refused)
 NEUTRAL_ONLY = {
-    "n": (_null_or(1), "1", "this server gives one choice per request"),
-    "best_of": (_null_or(1), "1", "this server gives one choice per request"),
-    "echo": (_null_or(False), "false", _NOT_SUPPORTED),
-    "logprobs": (_null_or(False), "null or false", _NOT_SUPPORTED),  # 0 is a request too: the sampled token's
-    "top_logprobs": (_null_or(0), "null or 0", _NOT_SUPPORTED),
+    "echo": (_null_or(False), "false", _NOT_SUPPORTED + " in chat (completions echo the prompt)"),
+    "top_logprobs": (_null_or(), "null", _NOT_SUPPORTED + " in completions (there `logprobs` is the count)"),
     "prompt_logprobs": (_null_or(), "null", _NOT_SUPPORTED),
     "min_p": (_null_or(0), "0", _NOT_SUPPORTED),
     "response_format": (_null_or({"type": "text"}), 'null or {"type": "text"}', _NOT_SUPPORTED + " (no guided output)"),

@@ -96,9 +96,7 @@ def set_admission(engine, name: str) -> None:
 def forget_request(engine, request_id: str) -> None:
     """A finished request is delivered: drop the engine's record of it, so a server that runs
     for hours does not keep every request it ever served."""
-    request = engine.requests.get(request_id)
-    if request is not None and request.is_finished and request not in engine.scheduler.running:
-        del engine.requests[request_id]
+    engine.forget(request_id)  # (a request with n > 1: every sample, once all have ended)
 
 
 def trim_step_history(engine, keep: int) -> None:
