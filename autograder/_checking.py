@@ -447,7 +447,8 @@ def _fill_counter(target, recorded):
 
 @contextlib.contextmanager
 def watch_calls(modules):
-    """Record (module name, function name) of every call into code from `modules` in the block."""
+    """Record (module name, function name) of every call into code from `modules` in the block (modules,
+    or single functions: autograder.call_tripwire)."""
     m = active_membrane()
     if m is not None and m.mode == "replay":
         with _hooked("watch", [], _fill_list) as hits:
@@ -459,24 +460,12 @@ def watch_calls(modules):
 
 @contextlib.contextmanager
 def _watch_calls(modules, hits):
-    files = {}
-    for mod in modules:
-        path = getattr(mod, "__file__", None) or mod
-        if path:
-            files[os.path.abspath(path)] = getattr(mod, "__name__", path)
+    # Trip wires in the modules' functions, not a profile hook: a hook runs a Python callback on every
+    # call and return of all the block's code and doubled the recorded checks (autograder.call_tripwire).
+    from .call_tripwire import tripwires
 
-    def profiler(frame, event, arg):
-        if event == "call":
-            filename = frame.f_code.co_filename
-            if filename in files and len(hits) < 1000:
-                hits.append((files[filename], frame.f_code.co_name))
-
-    previous = sys.getprofile()
-    sys.setprofile(profiler)
-    try:
+    with tripwires(modules, hits):
         yield hits
-    finally:
-        sys.setprofile(previous)
 
 
 @contextlib.contextmanager

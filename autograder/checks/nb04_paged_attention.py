@@ -388,7 +388,14 @@ def check_paged_attention_triton(impl, seed, allow_reference):
     # reference's out of one shared list of calls (and two nested profilers hide each other's).
     label, case = _triton_cases(seed)[0]
     case = tuple(x.to(device) if torch.is_tensor(x) else x for x in case)
-    with watch_calls([triton_jit]) as hits:
+    launchers = [triton_jit]  # JITFunction.run (a GPU), and the interpreter's run (TRITON_INTERPRET=1)
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        launchers.append(InterpretedFunction.run)
+    except ImportError:  # a Triton without the interpreter
+        pass
+    with watch_calls(launchers) as hits:
         call(_describe(name, label, case), impl, *case)
     expect(any(func in ("run", "<lambda>") for _, func in hits),
            f"{name} on {label}: no Triton kernel was launched; the wrapper must run your paged_decode_kernel "

@@ -1,0 +1,174 @@
+"""Trip wires notice every way of reaching a module's code, cost nothing after, and nest.
+
+`forbid_calls` learns from them whether a student's function ran the exercise's reference; they
+replaced a profile hook that doubled the recorded checks (autograder/call_tripwire.py).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import threading
+
+import pytest
+
+from autograder.call_tripwire import tripwires
+
+SOURCE = '''
+import functools
+
+def plain(x):
+    return x + 1
+
+def recursive(n):
+    return 0 if n == 0 else 1 + recursive(n - 1)
+
+def factory(k):
+    def made(x):
+        return x * k
+    return made
+
+def decorated_inner(x):
+    return -x
+
+decorated = functools.lru_cache(maxsize=None)(decorated_inner)
+
+class Base:
+    def hello(self):
+        return "base"
+
+class Pool(Base):
+    def __init__(self, n):
+        self.n = n
+
+    def hello(self):
+        return "pool+" + super().hello()
+
+    @staticmethod
+    def static(x):
+        return x
+
+    @classmethod
+    def build(cls, n):
+        return cls(n)
+
+    @property
+    def size(self):
+        return self.n
+
+    class Inner:
+        def deep(self):
+            return 7
+
+def gen(n):
+    yield from range(n)
+
+def keywords(a, *, b=2):
+    return a + b
+'''
+
+
+@pytest.fixture()
+def reference(tmp_path):
+    path = tmp_path / "reference_mod.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("reference_mod", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reference_mod"] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["reference_mod"]
+
+
+def names(hits):
+    return [name for _, name in hits]
+
+
+def test_every_way_of_reaching_the_code_trips_a_wire(reference):
+    plain = reference.plain  # a name taken before the block
+    made_before = reference.factory(3)  # a closure made before the block
+    pool = reference.Pool(4)  # an instance made before
+    bound, partial = pool.hello, functools.partial(reference.plain, 1)
+    with tripwires([reference], []) as hits:
+        assert plain(1) == 2 and partial() == 2
+        assert made_before(2) == 6
+        assert bound() == "pool+base"  # super() without arguments: the __class__ cell kept
+        assert reference.Pool.static(5) == 5 and reference.Pool.build(2).size == 2
+        assert reference.Pool.Inner().deep() == 7
+        assert list(reference.gen(3)) == [0, 1, 2]
+        assert reference.keywords(1) == 3 and reference.keywords(1, b=5) == 6
+        assert reference.recursive(3) == 3
+        assert reference.decorated(4) == -4
+    called = names(hits)
+    for name in ("plain", "made", "hello", "static", "build", "__init__", "size", "deep", "gen", "keywords",
+                 "decorated_inner"):
+        assert name in called, (name, called)
+    assert called.count("recursive") == 4 and called.count("plain") == 2
+    assert all(module == "reference_mod" for module, _ in hits)
+
+
+def test_after_the_block_nothing_is_noted_and_the_code_is_the_original(reference):
+    codes = (reference.plain.__code__, reference.Pool.hello.__code__)
+    with tripwires([reference], []) as hits:
+        assert reference.plain.__code__ is not codes[0]
+    assert (reference.plain.__code__, reference.Pool.hello.__code__) == codes
+    assert not [k for k in vars(reference) if k.startswith("__ag_tripwire")], "a trampoline's name was left behind"
+    reference.plain(1)
+    assert hits == []
+
+
+def test_a_raising_block_and_a_raising_function_leave_no_wire(reference):
+    code = reference.plain.__code__
+    with pytest.raises(TypeError):
+        with tripwires([reference], []) as hits:
+            reference.plain("x")  # "x" + 1 raises inside the original
+    assert names(hits) == ["plain"] and reference.plain.__code__ is code
+
+
+def test_blocks_nest_and_other_code_is_not_noted(reference):
+    with tripwires([reference], []) as outer:
+        reference.plain(1)
+        with tripwires([reference], []) as inner:
+            reference.Pool(1).hello()
+        reference.plain(2)
+        len([1, 2])  # not the module's code
+    assert names(outer) == ["plain", "__init__", "hello", "hello", "plain"]  # Pool.hello, then Base.hello
+    assert names(inner) == ["__init__", "hello", "hello"]
+    assert reference.plain.__code__.co_filename.endswith("reference_mod.py")
+
+
+def test_calls_from_other_threads_are_noted(reference):
+    with tripwires([reference], []) as hits:
+        t = threading.Thread(target=reference.plain, args=(1,))
+        t.start()
+        t.join()
+    assert names(hits) == ["plain"]
+
+
+def test_hits_are_capped(reference):
+    with tripwires([reference], []) as hits:
+        for i in range(1500):
+            reference.plain(i)
+    assert len(hits) == 1000
+
+
+def test_a_single_function_is_watched_without_the_rest_of_its_module(reference):
+    with tripwires([reference.Pool.hello], []) as hits:
+        pool = reference.Pool(2)
+        assert pool.hello() == "pool+base" and reference.plain(1) == 2
+    assert hits == [("reference_mod", "hello")]  # Pool.hello only: not __init__, Base.hello or plain
+
+
+def test_a_wired_function_looks_like_the_original_to_introspection(reference):
+    import inspect
+
+    before = {name: (inspect.signature(getattr(reference, name)), inspect.getsource(getattr(reference, name)))
+              for name in ("plain", "keywords", "recursive")}
+    with tripwires([reference], []) as hits:
+        for name, seen in before.items():
+            fn = getattr(reference, name)
+            assert (inspect.signature(fn), inspect.getsource(fn)) == seen, name
+        assert reference.keywords(1, b=3) == 4 and reference.keywords(a=2) == 4
+        with pytest.raises(TypeError):
+            reference.keywords(1, 2)  # b is keyword-only, as in the original
+    assert names(hits) == ["keywords", "keywords"]  # the refused call never got past its arguments
