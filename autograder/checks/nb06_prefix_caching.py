@@ -25,7 +25,7 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 
 from .. import fixtures
-from .._checking import call, check, drive, expect, fail, forbid_calls, kind_of, plain_int, same_float, show
+from .._checking import broke, call, check, drive, expect, fail, forbid_calls, kind_of, plain_int, same_float, show
 
 ROOT = 0
 
@@ -59,32 +59,38 @@ class _KeyBook:
     def keys(self, tokens, ps):
         shown = f"page_keys({_short(tokens)}, page_size={ps})"
         got = call(shown, self.impl, list(tokens), ps)
-        expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of keys, got {kind_of(got)}")
+        expect(type(got) in (list, tuple), lambda: f"{shown} must return a list of keys, got {kind_of(got)}",
+               rule="one key per full page")
         got = list(got)
         bad = next((i for i, key in enumerate(got) if not _plain_key(key)), None)
         expect(bad is None, lambda: f"{shown}: key {bad} is {kind_of(got[bad])} {show(got[bad])}: a key must be plain "
-                                    "data (an int, a str, bytes, or a tuple of those), compared by its value")
+                                    "data (an int, a str, bytes, or a tuple of those), compared by its value",
+               rule="plain keys")
         full = len(tokens) // ps
         if len(got) != full:
             extra = (f" the last {len(tokens) % ps} token(s) do not fill a page, so they get no key (a partly "
                      "filled page is still growing: its contents will change)" if len(got) == full + 1 and
                      len(tokens) % ps else "")
-            fail(f"{shown} returned {len(got)} keys, expected one per FULL page: {len(tokens)} // {ps} = {full}.{extra}")
+            broke("one key per full page", f"{shown} returned {len(got)} keys, expected one per FULL page: "
+                  f"{len(tokens)} // {ps} = {full}.{extra}")
         for i, key in enumerate(got):
             try:
                 hash(key)
             except TypeError:
-                fail(f"{shown}: key {i} is a {type(key).__name__}, which cannot be a dict key (use an int or a tuple)")
+                broke("plain keys", f"{shown}: key {i} is a {type(key).__name__}, which cannot be a dict key (use an "
+                      "int or a tuple)")
             prefix = tuple(tokens[:(i + 1) * ps])
             before = self.by_prefix.get((ps, prefix))
             if before is not None and before != key:
-                fail(f"page_keys is not a function of the prefix: the prefix {_short(prefix)} (page {i}, page_size "
-                     f"{ps}) got key {before!r} in an earlier call and {key!r} now. A key may depend only on the "
-                     "tokens up to and including its page (no randomness, no counter, nothing about later pages)")
+                broke("a function of the prefix",
+                      f"page_keys is not a function of the prefix: the prefix {_short(prefix)} (page {i}, page_size "
+                      f"{ps}) got key {before!r} in an earlier call and {key!r} now. A key may depend only on the "
+                      "tokens up to and including its page (no randomness, no counter, nothing about later pages)")
             other = self.by_key.get((ps, key))
             if other is not None and other != prefix:
-                fail(f"page_keys gave the same key {key!r} to two different prefixes (page_size {ps}):\n"
-                     f"  {_short(other)}\n  {_short(prefix)}\n{_why_same(other, prefix, ps)}")
+                broke("different prefixes, different keys",
+                      f"page_keys gave the same key {key!r} to two different prefixes (page_size {ps}):\n"
+                      f"  {_short(other)}\n  {_short(prefix)}\n{_why_same(other, prefix, ps)}")
             self.by_prefix[(ps, prefix)] = key
             self.by_key[(ps, key)] = prefix
         return got
@@ -125,6 +131,122 @@ def _random_pages(rng, n, ps):
     return [rng.randrange(3, 500) for _ in range(n * ps)]
 
 
+class CountedTokens:
+    """A read-only sequence of token ids that counts the tokens read from it (an index reads one, a
+    slice as many as it returns, iterating one per step). Handed to page_keys by the check: keys that
+    re-read the whole prefix for every page read about n * pages / 2 tokens instead of about n."""
+
+    def __init__(self, tokens):
+        self._tokens = tuple(tokens)
+        self.read = 0
+
+    def __len__(self):
+        return len(self._tokens)
+
+    def __getitem__(self, index):
+        got = self._tokens[index]
+        if isinstance(index, slice):
+            self.read += len(got)
+            return list(got)
+        self.read += 1
+        return got
+
+    def __iter__(self):
+        return _CountedIterator(self)
+
+    def __contains__(self, token):
+        self.read += len(self._tokens)
+        return token in self._tokens
+
+    def __eq__(self, other):
+        self.read += len(self._tokens)
+        return list(self._tokens) == other
+
+    __hash__ = None
+
+    def __add__(self, other):
+        self.read += len(self._tokens)
+        return list(self._tokens) + list(other)
+
+    def __radd__(self, other):
+        self.read += len(self._tokens)
+        return list(other) + list(self._tokens)
+
+    def __repr__(self):
+        return f"CountedTokens({len(self._tokens)} tokens)"
+
+    def index(self, token, *args):
+        self.read += len(self._tokens)
+        return self._tokens.index(token, *args)
+
+    def count(self, token):
+        self.read += len(self._tokens)
+        return self._tokens.count(token)
+
+
+class _CountedIterator:
+    def __init__(self, seq):
+        self.seq, self.at = seq, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.at >= len(self.seq._tokens):
+            raise StopIteration
+        self.at += 1
+        self.seq.read += 1
+        return self.seq._tokens[self.at - 1]
+
+
+# page_keys may read each token a few times (a copy, a slice per page, a check of its input), never the
+# whole prefix again for every page: a 48-page prompt read at most READS_PER_TOKEN times per token passes,
+# while re-reading the prefix for every page reads about 32 times per token.
+READS_PER_TOKEN = 4
+LINEAR_PAGES = 48  # below the membrane's nesting limit (60), so a nested key crosses and is measured
+
+
+def _size(key, depth=0) -> int:
+    """How much data a key holds, in 8-byte words: an int by its bits, a str or bytes by its length,
+    a tuple by its items (a nested key counted whole)."""
+    if isinstance(key, (tuple, frozenset)) and depth < 50:
+        return 1 + sum(_size(k, depth + 1) for k in key)
+    if isinstance(key, int):
+        return max(1, -(-key.bit_length() // 64))
+    if isinstance(key, (str, bytes)):
+        return max(1, -(-len(key) // 8))
+    return 1
+
+
+def _linear_work(impl, book, rng):
+    """Keys cost about the same per page wherever the page sits: the tokens read, and each key's size."""
+    for ps in (1, 2):
+        tokens = _random_pages(rng, LINEAR_PAGES, ps)
+        counted = CountedTokens(tokens)
+        shown = f"page_keys(<a read-only sequence of {len(tokens)} tokens>, page_size={ps})"
+        got = call(shown, impl, counted, ps)
+        expect(type(got) in (list, tuple) and len(got) == LINEAR_PAGES,
+               lambda: f"{shown} must return {LINEAR_PAGES} keys, got {kind_of(got)} "
+                       f"{len(got) if type(got) in (list, tuple) else ''}", rule="one key per full page")
+        reads = counted.read
+        if reads > READS_PER_TOKEN * len(tokens) + 2 * ps:
+            broke("linear work", f"{shown} read {reads} tokens from its input to key {LINEAR_PAGES} pages, "
+                  f"{reads / len(tokens):.1f} per token (at most {READS_PER_TOKEN} allowed): it reads the whole prefix "
+                  "again for every page, which is quadratic in the prompt's length. Carry one value from page to "
+                  "page that stands for everything before it")
+        got = list(got)
+        small, big = _size(got[1]), _size(got[-1])
+        if big > 2 * small + 8:
+            broke("linear work", f"{shown}: the key of page {LINEAR_PAGES - 1} holds {big} words of data and the "
+                  f"key of page 1 {small}: a key that grows with its position (the whole prefix, or every earlier "
+                  "key nested inside it) costs a dict time and memory in proportion to the prefix at every lookup. "
+                  "Summarise what comes before a page in a fixed-size value (a hash)")
+        plain = book.keys(tokens, ps)  # the same tokens as a plain list: held to the other rules too
+        expect(all(_plain_key(k) for k in got) and got == plain,
+               f"{shown} returned other keys than for the same tokens in a plain list: a key may depend only on "
+               "the tokens' values (whatever sequence holds them)", rule="a function of the prefix")
+
+
 @check("page_keys")
 def check_page_keys(impl, seed, allow_reference):
     rng = random.Random(seed)
@@ -157,19 +279,23 @@ def check_page_keys(impl, seed, allow_reference):
                 other = book.keys(changed, ps)
                 for i in range(n):
                     if i < j and other[i] != keys[i]:
-                        fail(f"page_keys(..., page_size={ps}): changing token {at} (in page {j}) changed the key of "
-                             f"page {i}, which comes before it: {keys[i]!r} -> {other[i]!r}. A page's key may depend "
-                             "only on its own page and the pages before it")
+                        broke("a function of the prefix",
+                              f"page_keys(..., page_size={ps}): changing token {at} (in page {j}) changed the key of "
+                              f"page {i}, which comes before it: {keys[i]!r} -> {other[i]!r}. A page's key may depend "
+                              "only on its own page and the pages before it")
                     if i >= j and other[i] == keys[i]:
-                        fail(f"page_keys(..., page_size={ps}): changing token {at} (in page {j}) left the key of "
-                             f"page {i} at {keys[i]!r}: "
-                             + ("every token of the page must change its key" if i == j else
+                        broke("different prefixes, different keys",
+                              f"page_keys(..., page_size={ps}): changing token {at} (in page {j}) left the key of "
+                              f"page {i} at {keys[i]!r}: "
+                              + ("every token of the page must change its key" if i == j else
                                 f"page {i}'s key must depend on page {j} before it (chain the keys), or two prompts "
                                 "that differ early would share later pages"))
             # The same later pages after a different first page.
             tail = _random_pages(rng, 3, ps)
             book.keys(_random_pages(rng, 1, ps) + tail, ps)
             book.keys(_random_pages(rng, 1, ps) + tail, ps)
+        # Keys cost about the same per page wherever it sits (counted on a sequence that counts its reads).
+        _linear_work(impl, book, rng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +363,17 @@ class _Cache:
         return list(pages), serials
 
     def lookup(self, tokens, max_pages):
-        result = call(f"lookup({_short(tokens)}, max_pages={max_pages})", self.cache.lookup, list(tokens), max_pages)
+        shown = f"lookup({_short(tokens)}, max_pages={max_pages})"
+        before = (list(self.pool.ref_counts), [p for p in range(self.pool.num_pages) if self.pool.is_free(p)])
+        result = call(shown, self.cache.lookup, list(tokens), max_pages)
+        after = (list(self.pool.ref_counts), [p for p in range(self.pool.num_pages) if self.pool.is_free(p)])
+        if after != before:
+            changed = [p for p in range(self.pool.num_pages) if before[0][p] != after[0][p]]
+            broke("looking up changes nothing", f"{NAME}.{shown} changed the pool: reference counts of pages "
+                  f"{changed} went from {[before[0][p] for p in changed]} to {[after[0][p] for p in changed]} "
+                  f"(free pages {len(before[1])} -> {len(after[1])}). A lookup only answers: the KV manager calls "
+                  "pool.share on the pages it keeps (it may ask again every step while the request waits, and "
+                  "keep fewer pages than you found)")
         expect(type(result) is tuple and len(result) == 2,
                lambda: f"StudentPrefixCache.lookup must return (pages, serial), got {kind_of(result)} {show(result)}")
         pages, serial = result
@@ -319,12 +455,13 @@ def _lookups(impl, rng):
     again = c.register(dup, ROOT, a[:4])
     expect(again == serials[0], f"{NAME}.register of a page identical to cached page {pages[0]} (same parent ROOT, "
                                 f"same tokens) must return that page's serial {serials[0]}, got {again!r}: the "
-                                "request's next pages then chain onto the cached copy")
+                                "request's next pages then chain onto the cached copy", rule="duplicates")
     expect(not c.is_cached(dup), f"{NAME}: a duplicate page ({dup}, same prefix as cached page {pages[0]}) must stay "
-                                 f"uncached (is_cached({dup}) must be False): it is freed with its request")
+                                 f"uncached (is_cached({dup}) must be False): it is freed with its request",
+           rule="duplicates")
     got, _ = c.lookup(a, 3)
     expect(got == pages, f"{NAME}: after registering a duplicate of page {pages[0]}, lookup(A) must still return "
-                         f"{pages}, got {got}")
+                         f"{pages}, got {got}", rule="duplicates")
 
 
 def _eviction(impl, rng):
@@ -374,6 +511,55 @@ def _eviction(impl, rng):
     expect(got == [pages[0], new] and serial == s1,
            f"{NAME}: after re-registering A's page 1 on page {new}, lookup(A, 3) must return ([{pages[0]}, {new}], {s1}) "
            f"(A's old page 2 hangs under the evicted page's serial, so it is no longer reachable); got ({got}, {serial})")
+
+
+def _stale_after_reuse(impl, rng):
+    """A page evicted and reused for ANOTHER prefix: nothing of its old entry may be found again. Its old
+    children hang under a serial that is gone (serials are never reused, even for the same physical
+    page), and a lookup of its old prefix must not find the page that now holds other tokens."""
+    c = _Cache(impl, num_pages=8)
+    pool = c.pool
+    a, b = _tokens(rng, 8), _tokens(rng, 4)
+    pages, serials = c.register_chain(a)  # A's pages 0 and 1 (page 1 hangs under page 0's serial)
+    pool.free(pages[:1])  # page 0 first: it is at the front of the cached free pages, evicted first
+    pool.free(pages[1:])
+    pool.allocate(pool.num_pages - 2)  # the blank pages
+    reused = pool.allocate(1)[0]
+    expect(reused == pages[0] and not c.is_cached(reused),
+           f"{NAME}: the pool evicted and reused A's page 0 ({pages[0]}): is_cached({pages[0]}) must be False after "
+           "pool.on_evict; install your evict as pool.on_evict in __init__", rule="forget evicted pages")
+    fresh = c.register(reused, ROOT, b)  # B's first page, computed on the physical page A's page 0 had
+    expect(fresh not in serials, f"{NAME}: page {reused} was evicted (it held A's page 0, serial {serials[0]}) and "
+                                 f"registered again with other tokens {tuple(b)}: register returned {fresh}, a serial "
+                                 f"A's pages already had ({serials}). A serial names one registration, never reused "
+                                 "(not the page number): A's page 1 still hangs under the old one, and would now be "
+                                 "found after B's page", rule="fresh serials")
+    got, serial = c.lookup(b + a[4:8], 2)
+    expect(got == [reused] and serial == fresh,
+           f"{NAME}: after A's page 0 ({pages[0]}) was evicted and the page reused for B's first page (serial {fresh}), "
+           f"lookup(B's page + A's page 1, 2) must return ([{reused}], {fresh}); got ({got}, {serial}). A's page 1 "
+           f"({pages[1]}) belongs after A's page 0, which is gone: it is a stale child, and B's page is not its parent",
+           rule="fresh serials")
+    # The other way round: A's page 1 evicted and reused for C, while A's page 0 is still cached.
+    c = _Cache(impl, num_pages=8)
+    pool = c.pool
+    a, x = _tokens(rng, 8), _tokens(rng, 4)
+    pages, serials = c.register_chain(a)
+    pool.free(pages[1:])
+    pool.free(pages[:1])
+    pool.allocate(pool.num_pages - 2)
+    reused = pool.allocate(1)[0]
+    expect(reused == pages[1] and not c.is_cached(reused),
+           f"{NAME}: the pool evicted and reused A's page 1 ({pages[1]}): is_cached({pages[1]}) must be False after "
+           "pool.on_evict", rule="forget evicted pages")
+    other = c.register(reused, ROOT, x)  # now it holds C's first page, and is cached again
+    got, serial = c.lookup(a, 2)
+    expect(got == pages[:1] and serial == serials[0],
+           f"{NAME}: A's page 1 ({pages[1]}) was evicted, and the pool reused the page for another prompt's first "
+           f"page {tuple(x)} (registered, serial {other}, so the page is cached again). lookup(A, 2) must return "
+           f"({pages[:1]}, {serials[0]}); got ({got}, {serial}): an entry of an evicted page must be forgotten, not "
+           "kept and trusted because its page number is cached again (it holds other tokens now)",
+           rule="forget evicted pages")
 
 
 def _collisions(impl, rng):
@@ -516,23 +702,38 @@ def _engine(impl, seed, allow):
     (mine, cache, _), (theirs, ref, ref_evictions) = runs["yours"], runs["course_lib"]
     expect(ref_evictions > 0, f"{NAME} (internal): the engine run evicted no cached page")
     expect(cache.hit_tokens > 0, f"{NAME}: requests sharing a {len(shared)}-token prefix were served but the cache "
-                                 "never hit (hit_tokens == 0): lookup must find the pages registered before")
+                                 "never hit (hit_tokens == 0): lookup must find the pages registered before",
+           rule="longest prefix")
     per_request = {rid: r.num_cached_tokens for rid, r in mine.requests.items()}
     want_per_request = {rid: r.num_cached_tokens for rid, r in theirs.requests.items()}
     if per_request != want_per_request:
         diff = {rid: (per_request[rid], w) for rid, w in want_per_request.items() if per_request[rid] != w}
-        fail(f"{NAME}: served through the engine (4 waves of requests sharing a {len(shared)}-token prefix, a 16-page "
-             f"pool of 4-token pages that evicts {ref_evictions} cached pages), some requests found a different number "
-             f"of cached prompt tokens than with a correct cache: request: (yours, expected) {diff}. A correct cache "
-             "finds every registered page of the prompt's prefix that has not been evicted, and no other")
+        broke("longest prefix",
+              f"{NAME}: served through the engine (4 waves of requests sharing a {len(shared)}-token prefix, a 16-page "
+              f"pool of 4-token pages that evicts {ref_evictions} cached pages), some requests found a different number "
+              f"of cached prompt tokens than with a correct cache: request: (yours, expected) {diff}. A correct cache "
+              "finds every registered page of the prompt's prefix that has not been evicted, and no other")
     for attr in ("queried_tokens", "hit_tokens"):
         got, want = getattr(cache, attr), getattr(ref, attr)
         expect(got == want, f"{NAME}: after serving the same requests, {attr} = {got!r}, expected {want!r}: the engine "
                             f"adds to the counters itself (once per admitted request), so the cache must only start "
-                            "them at 0 and never change them (a lookup is also asked while a request waits)")
+                            "them at 0 and never change them (a lookup is also asked while a request waits)",
+               rule="exact counters")
     rate = cache.hit_rate
     expect(same_float(rate, ref.hit_rate), f"{NAME}: after serving, hit_rate = {rate!r}, expected "
-                                           f"{ref.hit_tokens} / {ref.queried_tokens} = {ref.hit_rate!r}")
+                                           f"{ref.hit_tokens} / {ref.queried_tokens} = {ref.hit_rate!r}",
+           rule="exact counters")
+
+
+@contextlib.contextmanager
+def _rule(name: str):
+    """A failure inside the block that names no rule yet names `name` (the case's rule)."""
+    try:
+        yield
+    except AssertionError as exc:
+        if str(exc).startswith('Rule "'):
+            raise
+        broke(name, str(exc))
 
 
 @check("StudentPrefixCache", forbidden=_prefix_cache_class)
@@ -540,8 +741,14 @@ def check_StudentPrefixCache(impl, seed, allow_reference):
     expect(isinstance(impl, type), f"{NAME} must be a class, got {type(impl).__name__}")
     rng = random.Random(seed)
     with forbid_calls(NAME, _prefix_cache_module(), enabled=not allow_reference):
-        _counters(impl)
-        _lookups(impl, rng)
-        _eviction(impl, rng)
-        _collisions(impl, rng)
-    _engine(impl, seed, allow_reference)
+        with _rule("exact counters"):
+            _counters(impl)
+        with _rule("longest prefix"):
+            _lookups(impl, rng)
+        with _rule("forget evicted pages"):
+            _eviction(impl, rng)
+        with _rule("never a wrong page"):
+            _collisions(impl, rng)
+        _stale_after_reuse(impl, rng)
+    with _rule("never a wrong page"):
+        _engine(impl, seed, allow_reference)

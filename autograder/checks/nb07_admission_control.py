@@ -19,7 +19,7 @@ from course_lib.kv.manager import KVCacheManager
 from course_lib.scheduler.request import Request, RequestStatus
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, RunnerLedger, call, check, drive, expect, expect_unchanged, fail,
+from .._checking import (REFERENCE_MESSAGE, RunnerLedger, broke, call, check, drive, expect, expect_unchanged, fail,
                          forbid_calls, kind_of, plain_float, pristine, show)
 from ..membrane import is_proxy
 
@@ -95,10 +95,11 @@ class _Judge:
             expect_unchanged(shown, what, handed, mine)
         self.calls += 1
         expect(type(got) is bool or (type(got) is int and got in (0, 1)),
-               lambda: f"{shown} must return a bool, got {kind_of(got)} {show(got)}")
+               lambda: f"{shown} must return a bool, got {kind_of(got)} {show(got)}", rule="count every page")
         if bool(got) != want:
-            fail(f"StudentWatermark({self.watermark}) inside the engine: can_admit returned {got!r} for "
-                 f"{described}; expected {want}")
+            broke("count every page",
+                  f"StudentWatermark({self.watermark}) inside the engine: can_admit returned {got!r} for "
+                  f"{described}; expected {want}")
         return got
 
 
@@ -112,10 +113,14 @@ def check_StudentWatermark(impl, seed, allow_reference):
                 impl(bad)
             except ValueError:
                 continue
+            except NotImplementedError:
+                raise  # unfinished: the notebook says so, not a broken rule
             except Exception as exc:  # noqa: BLE001
-                fail(f"{name}({bad}) must raise ValueError (a watermark is a fraction in [0, 1)), got "
+                broke("a valid fraction",
+                      f"{name}({bad}) must raise ValueError (a watermark is a fraction in [0, 1)), got "
                      f"{type(exc).__name__}: {exc}")
-            fail(f"{name}({bad}) must raise ValueError: a watermark is a fraction of the pool in [0, 1)")
+            broke("a valid fraction",
+                  f"{name}({bad}) must raise ValueError: a watermark is a fraction of the pool in [0, 1)")
         for watermark, request, n, cached, kv in _grid(impl, rng):
             policy = call(f"{name}({watermark})", impl, watermark)
             # The expected answer and the message from the check's own state, before the policy sees it;
@@ -127,9 +132,9 @@ def check_StudentWatermark(impl, seed, allow_reference):
             before = (given_kv.num_free_pages, list(given_kv.pool.ref_counts))
             got = call("can_admit", policy.can_admit, given_request, n, list(cached), given_kv, [])
             expect(type(got) is bool or (type(got) is int and got in (0, 1)),
-                   lambda: f"{name}.can_admit must return a bool, got {kind_of(got)} {show(got)}")
+                   lambda: f"{name}.can_admit must return a bool, got {kind_of(got)} {show(got)}", rule="count every page")
             expect((given_kv.num_free_pages, list(given_kv.pool.ref_counts)) == before,
-                   f"{name}.can_admit changed the pool: it must only decide, never allocate or free")
+                   f"{name}.can_admit changed the pool: it must only decide, never allocate or free", rule="only decides")
             expect_unchanged(f"{name}.can_admit", "kv", given_kv, kv)
             expect_unchanged(f"{name}.can_admit", "request", given_request, request)
             if bool(got) != want:
@@ -140,7 +145,8 @@ def check_StudentWatermark(impl, seed, allow_reference):
                     hint = (" (admitting it would leave less than the watermark free: count the pages the request "
                             "needs, kv.num_pages_needed(request, num_new_tokens, cached_pages), cached pages to "
                             "revive included)")
-                fail(f"{name}.can_admit returned {got!r} for {described}; expected {want}{hint}")
+                broke("exactly is allowed" if kv.num_free_pages - need == watermark * kv.num_pages else "count every page",
+                      f"{name}.can_admit returned {got!r} for {described}; expected {want}{hint}")
         # Under load, inside the engine.
         watermark = rng.choice([0.1, 0.2, 0.3])
         judge = _Judge(impl(watermark), watermark)
@@ -163,7 +169,8 @@ def check_StudentWatermark(impl, seed, allow_reference):
     drive(engine, f"{name}(0.2) (serving a float64 model)", max_steps=300)
     for i, w in enumerate(want):
         got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"{name}: serving a float64 model, request r{i} produced {got} instead of {w}")
+        expect(got == w, f"{name}: serving a float64 model, request r{i} produced {got} instead of {w}",
+               rule="only decides")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,13 +240,13 @@ def check_preemption_report(impl, seed, allow_reference):
         per_request = {r.request_id: r.num_preemptions for r in engine.requests.values() if r.num_preemptions}
         shown = f"{name}(engine) after {label}"
         got = call(shown, impl, engine)
-        expect(type(got) is dict, lambda: f"{shown} must return a dict, got {kind_of(got)}")
+        expect(type(got) is dict, lambda: f"{shown} must return a dict, got {kind_of(got)}", rule="plain ints")
         for key in want:
             expect(key in got, lambda: f"{shown}: the result needs the key {key!r} (got keys "
-                                       f"{sorted(show(k) for k in got)})")
+                                       f"{sorted(show(k) for k in got)})", rule="plain ints")
             value = got[key]
             expect(type(value) is int, lambda: f"{shown}: result[{key!r}] must be an int, got {kind_of(value)} "
-                                               f"{show(value)}")
+                                               f"{show(value)}", rule="plain ints")
         for key, w in want.items():
             g = got[key]
             if g == w:
@@ -250,7 +257,11 @@ def check_preemption_report(impl, seed, allow_reference):
             elif g == 0 and w > 0:
                 hint = (" Every request has finished by now, so the scheduler's queues are empty: read each "
                         "request's num_preemptions from engine.requests.")
-            fail(f"{shown}: {key} = {g}, expected {w} (per-request preemption counts: {per_request or 'none'}).{hint}")
+            rule = {"preemptions": "every event", "preempted_requests": "distinct requests",
+                    "max_preemptions_one_request": "the worst case"}[key]
+            if "mid-run" in label or "served nothing" in label or (g == 0 and w > 0):
+                rule = "any engine state"
+            broke(rule, f"{shown}: {key} = {g}, expected {w} (per-request preemption counts: {per_request or 'none'}).{hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,17 +305,30 @@ def _validated_config(got):
     expect(type(got) is dict, lambda: f"{name} must return a dict with keys users, kv_tokens, max_tokens, watermark; "
                                       f"got {kind_of(got)}")
     for key in ("users", "kv_tokens", "max_tokens", "watermark"):
-        expect(key in got, lambda: f"{name} needs the key {key!r} (got keys {sorted(show(k) for k in got)})")
+        expect(key in got, lambda: f"{name} needs the key {key!r} (got keys {sorted(show(k) for k in got)})",
+               rule="values in range")
     for key, (lo, hi) in BREAK_IT_LIMITS.items():
         value = got[key]
         expect(type(value) is int and lo <= value <= hi,
-               lambda: f"{name}[{key!r}] must be an int in [{lo}, {hi}], got {show(value)}")
+               lambda: f"{name}[{key!r}] must be an int in [{lo}, {hi}], got {show(value)}", rule="values in range")
     expect(got["kv_tokens"] % BREAK_IT_PAGE_SIZE == 0,
-           f"{name}['kv_tokens'] must be whole pages of {BREAK_IT_PAGE_SIZE} tokens, got {got['kv_tokens']}")
+           f"{name}['kv_tokens'] must be whole pages of {BREAK_IT_PAGE_SIZE} tokens, got {got['kv_tokens']}",
+           rule="values in range")
     w = plain_float(got["watermark"])
     expect(w is not None and 0.0 <= w < 1.0,
-           lambda: f"{name}['watermark'] must be a fraction of the pool in [0, 1), got {show(got['watermark'])}")
+           lambda: f"{name}['watermark'] must be a fraction of the pool in [0, 1), got {show(got['watermark'])}",
+           rule="values in range")
     return {"users": got["users"], "kv_tokens": got["kv_tokens"], "max_tokens": got["max_tokens"], "watermark": w}
+
+
+BREAK_IT_LONGEST_PROMPT = 1024  # the workload's prompt lengths are capped here (the notebook states it)
+
+
+def largest_request_slots(max_tokens: int) -> int:
+    """KV slots the largest request the workload can send needs: its prompt and every answer token but
+    the last (whose K/V is never written), in whole pages."""
+    slots = BREAK_IT_LONGEST_PROMPT + max_tokens - 1
+    return -(-slots // BREAK_IT_PAGE_SIZE) * BREAK_IT_PAGE_SIZE
 
 
 @check("break_it_config")
@@ -313,6 +337,14 @@ def check_break_it_config(impl, seed, allow_reference):
     config = _validated_config(got)
     shown = (f"users={config['users']}, kv_tokens={config['kv_tokens']}, max_tokens={config['max_tokens']}, "
              f"watermark={config['watermark']} (workload seed {seed}, {BREAK_IT_REQUESTS} requests)")
+    largest = largest_request_slots(config["max_tokens"])
+    expect(config["kv_tokens"] >= largest,
+           f"break_it_config: {shown}: the pool must hold the largest request the workload can send, a "
+           f"{BREAK_IT_LONGEST_PROMPT}-token prompt + max_tokens {config['max_tokens']} - 1 = "
+           f"{BREAK_IT_LONGEST_PROMPT + config['max_tokens'] - 1} KV slots, {largest} in whole pages of "
+           f"{BREAK_IT_PAGE_SIZE}; kv_tokens is {config['kv_tokens']}. A smaller pool may pass a seed that happens "
+           "to draw no such prompt, but it refuses that request at the door on another: the failure it shows is a "
+           "configuration error, not the one this experiment is about", rule="holds the largest request")
     broken = run_break_it(config, "none", "fail", seed)
     reasons = failure_reasons(broken)
     mid = reasons.get(MID_GENERATION, 0)
@@ -320,22 +352,25 @@ def check_break_it_config(impl, seed, allow_reference):
         refused = sum(n for why, n in reasons.items() if why != MID_GENERATION)
         peak = max((s.kv_allocated_slots for s in broken.steps), default=0)
         if refused:
-            fail(f"break_it_config: with no admission control and preemption off, {shown}: no request failed "
-                 f"mid-generation; {refused} were refused at the door because one request (a prompt of up to "
-                 f"1,024 tokens + max_tokens) does not fit a pool of {config['kv_tokens']} tokens. That is not the "
-                 "failure the experiment is about: make the pool hold any one request, and the load outgrow it")
-        fail(f"break_it_config: with no admission control and preemption off, {shown}: every request completed "
-             f"(the pool's peak use was {peak} of {config['kv_tokens']} slots). Choose a load and a max_tokens whose "
-             "answers outgrow the pool once everyone is admitted")
+            broke("breaks without control",
+                  f"break_it_config: with no admission control and preemption off, {shown}: no request failed "
+                  f"mid-generation; {refused} were refused at the door because one request (a prompt of up to "
+                  f"1,024 tokens + max_tokens) does not fit a pool of {config['kv_tokens']} tokens. That is not the "
+                  "failure the experiment is about: make the pool hold any one request, and the load outgrow it")
+        broke("breaks without control",
+              f"break_it_config: with no admission control and preemption off, {shown}: every request completed "
+              f"(the pool's peak use was {peak} of {config['kv_tokens']} slots). Choose a load and a max_tokens whose "
+              "answers outgrow the pool once everyone is admitted")
     safe = run_break_it(config, "watermark", "recompute", seed)
     reasons = failure_reasons(safe)
     if reasons:
-        fail(f"break_it_config: with watermark {config['watermark']} and preemption by recompute, {shown}: "
-             f"{sum(reasons.values())} request(s) failed ({reasons}); expected none. Recompute cannot save a request "
-             "that does not fit the pool at all: the pool must hold the largest request the workload can send")
+        broke("survives with the watermark",
+              f"break_it_config: with watermark {config['watermark']} and preemption by recompute, {shown}: "
+              f"{sum(reasons.values())} request(s) failed ({reasons}); expected none. Recompute cannot save a request "
+              "that does not fit the pool at all: the pool must hold the largest request the workload can send")
     expect(safe.summary["requests_completed"] == BREAK_IT_REQUESTS,
            f"break_it_config: with watermark and preemption, {shown}: {safe.summary['requests_completed']} of "
-           f"{BREAK_IT_REQUESTS} requests completed")
+           f"{BREAK_IT_REQUESTS} requests completed", rule="survives with the watermark")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,8 +383,14 @@ RECOMPUTE = "StudentRecompute"
 def _scheduler_classes():
     from course_lib.scheduler.base import SchedulerBase
     from course_lib.scheduler.continuous import ContinuousScheduler
+    from course_lib.scheduler.victims import PreemptionScheduler
 
-    return ContinuousScheduler, SchedulerBase
+    return ContinuousScheduler, SchedulerBase, PreemptionScheduler
+
+
+# course_lib classes whose choose_victim / preempt a student's class must not inherit (handing them in).
+_COURSE_LIB_OWNERS = ("", "ContinuousScheduler", "SchedulerBase", "PreemptionScheduler", "YoungestFirst",
+                      "OldestFirst", "MostPagesFirst")
 
 
 @contextlib.contextmanager
@@ -359,7 +400,7 @@ def _reference_hooks_forbidden(enabled: bool):
     if not enabled:
         yield
         return
-    _, base = _scheduler_classes()
+    base = _scheduler_classes()[1]
     saved = {name: base.__dict__[name] for name in ("choose_victim", "preempt")}
 
     def forbidden(name):
@@ -407,17 +448,19 @@ def _recompute_unit(impl, seed):
     expect([r.request_id for r in s.running] == ["a", "b", "c"] and [r.request_id for r in s.waiting] == ["d"],
            f"{RECOMPUTE} (internal): unexpected queues {_state(engine)}")
     before = _state(engine)
-    # Who the youngest is, before the student's code runs (it can reach the requests' admit_seq).
-    youngest = max((r for r in s.running if r.finish_reason is None), key=lambda r: r.admit_seq)
+    # The candidates, before the student's code runs: outside a step every running request still
+    # generating may be named (which one is the student's decision).
+    candidates = [r for r in s.running if r.finish_reason is None]
     admitted = {rid: r.admit_seq for rid, r in engine.requests.items()}
     victim = call(f"{RECOMPUTE}.choose_victim()", s.choose_victim)
     expect(_state(engine) == before and {rid: r.admit_seq for rid, r in engine.requests.items()} == admitted,
            f"{RECOMPUTE}.choose_victim() changed the engine's state: it must only answer "
-           "(the give-back is preempt's job, and the scheduler may ask without preempting)")
-    expect(victim is youngest, lambda: f"{RECOMPUTE}.choose_victim() with running {_who(s.running)} returned "
-                                       f"{getattr(victim, 'request_id', victim)!r}; expected the most recently "
-                                       f"admitted request still generating, {youngest.request_id!r}: it has done "
-                                       "the least work, and the older ones keep their places (first come, first served)")
+           "(the give-back is preempt's job, and the scheduler may ask without preempting)", rule="only answers")
+    expect(any(victim is r for r in candidates),
+           lambda: f"{RECOMPUTE}.choose_victim() with running {_who(s.running)} and waiting "
+                   f"{[r.request_id for r in s.waiting]} returned {getattr(victim, 'request_id', victim)!r}: the victim "
+                   "must be one of the running requests still generating (only they hold pages to give back)",
+           rule="a running victim")
     # The give-back, on b: it shares a's two cached pages and owns the rest of its table.
     b = engine.requests["b"]
     pages = list(engine.kv.tables["b"].pages)
@@ -433,47 +476,50 @@ def _recompute_unit(impl, seed):
     # there; a rebound running list then shows in the engine run, see _thrash.)
     expect((is_proxy(s) or s.running is queues[0]) and s.waiting is queues[1],
            f"{shown}: change self.running and self.waiting in place (remove, appendleft, ...), do not assign new "
-           "lists: the scheduler is walking them while it asks you to preempt")
+           "lists: the scheduler is walking them while it asks you to preempt", rule="in place")
     expect(b not in s.running and [r.request_id for r in s.running] == ["a", "c"],
            f"{shown}: b must leave the running list and the others stay in order; running is now "
-           f"{[r.request_id for r in s.running]}")
+           f"{[r.request_id for r in s.running]}", rule="out of the batch")
     expect(len(s.waiting) == 2 and s.waiting[0] is b and s.waiting[1].request_id == "d",
            f"{shown}: b must wait at the FRONT of the queue, ahead of d, which came later (first come, first "
-           f"served: it is recomputed as soon as there is room); waiting is now {[r.request_id for r in s.waiting]}")
+           f"served: it is recomputed as soon as there is room); waiting is now {[r.request_id for r in s.waiting]}",
+           rule="front of the queue")
     expect("b" not in engine.kv.tables,
            f"{shown}: b's pages must go back through the KV manager (kv.free(request)), which also forgets its page "
-           "table; the manager still has a table for b")
+           "table; the manager still has a table for b", rule="pages through the manager")
     for p in pages:
         want = refs[p] - 1
         expect(engine.pool.ref_counts[p] == want,
                f"{shown}: page {p} had {refs[p]} owner(s) and must have {want} after b gave it back, got "
                f"{engine.pool.ref_counts[p]}" + (" (a still uses it: a shared page is not freed, one owner leaves)"
-                                                  if p in shared_pages else ""))
+                                                  if p in shared_pages else ""), rule="pages through the manager")
     expect(engine.pool.num_free_pages == before["free"] + len(pages) - len(shared_pages),
            f"{shown}: {len(pages) - len(shared_pages)} page(s) must be free again: free pages went from "
-           f"{before['free']} to {engine.pool.num_free_pages}")
+           f"{before['free']} to {engine.pool.num_free_pages}", rule="pages through the manager")
     expect(b.num_computed_tokens == 0, f"{shown}: b's progress counter must restart at 0 (its K/V are gone, so all of "
-                                       f"it is recomputed), got num_computed_tokens = {b.num_computed_tokens}")
+                                       f"it is recomputed), got num_computed_tokens = {b.num_computed_tokens}",
+           rule="progress restarts")
     expect(b.output_token_ids == outputs, f"{shown}: b must keep the {len(outputs)} tokens it already produced (they "
                                           "are recomputed as part of its context, not generated again); got "
-                                          f"{len(b.output_token_ids)} tokens")
+                                          f"{len(b.output_token_ids)} tokens", rule="tokens kept")
     expect(b.status is RequestStatus.PREEMPTED, f"{shown}: b's status must say it waits to be recomputed "
-                                                f"(RequestStatus.PREEMPTED), got {b.status}")
+                                                f"(RequestStatus.PREEMPTED), got {b.status}", rule="status preempted")
     expect(b.num_preemptions == preemptions, f"{shown}: preempt must not count the preemption: the scheduler counts it "
                                              f"(num_preemptions went from {preemptions} to {b.num_preemptions}, so "
-                                             "every report would count it twice)")
+                                             "every report would count it twice)", rule="not counted")
     expect(engine.requests["a"].num_computed_tokens > 0 and list(engine.kv.tables["a"].pages) == before["tables"]["a"],
-           f"{shown}: a's pages and progress must not change")
+           f"{shown}: a's pages and progress must not change", rule="pages through the manager")
     drive(engine, f"{RECOMPUTE} (after preempting b by hand, the engine finishing the run)", max_steps=400)
     expect(engine.requests["b"].num_output_tokens == 30, f"{RECOMPUTE}: after being preempted, b must still produce all "
-                                                         f"30 tokens, got {engine.requests['b'].num_output_tokens}")
+                                                         f"30 tokens, got {engine.requests['b'].num_output_tokens}",
+           rule="same answers")
     ledger.expect_requests_match(engine, f"{RECOMPUTE} (after preempting b by hand, the engine finishing the run)")
 
 
 class _StepWatch:
     """After every engine step: who was preempted and who admitted (from the requests' own counters),
-    checked against the rules: victims are the youngest running, no admission in a step that preempted,
-    and the pool's pages all accounted for."""
+    checked against the rules: a victim was running, nothing is admitted in a step that preempted, and
+    the pool's pages are all accounted for. Which running request is the victim is the student's choice."""
 
     def __init__(self, engine, label):
         self.engine, self.label = engine, label
@@ -492,30 +538,38 @@ class _StepWatch:
         admitted = [rid for rid, (_, seq) in now.items() if seq != counts.get(rid, (0, -1))[1]]
         if preempted:
             self.events += sum(now[rid][0] - counts.get(rid, (0, -1))[0] for rid in preempted)
-            youngest = [rid for rid, _ in sorted(running, key=lambda x: -x[1])[:len(preempted)]]
-            if sorted(preempted) != sorted(youngest):
-                fail(f"{RECOMPUTE} ({self.label}), step {step}: running (oldest first) "
-                     f"{[rid for rid, _ in sorted(running, key=lambda x: x[1])]}, the pool ran out and "
-                     f"{sorted(preempted)} were preempted; expected the youngest {sorted(youngest)}")
+            was_running = {rid for rid, _ in running}
+            stray = sorted(rid for rid in preempted if rid not in was_running and rid not in admitted)
+            if stray:
+                broke("a running victim", f"{RECOMPUTE} ({self.label}), step {step}: {stray} were preempted but were "
+                      f"not running (running, oldest first: {[rid for rid, _ in sorted(running, key=lambda x: x[1])]})")
             if admitted:
-                fail(f"{RECOMPUTE} ({self.label}), step {step}: {sorted(preempted)} were preempted and "
-                     f"{sorted(admitted)} admitted in the same step: a step that had to preempt has a full pool, and "
-                     "admitting then only preempts someone again (the scheduler admits nothing after a preemption; "
-                     "does your preempt put the victim back where the scheduler expects it?)")
+                broke("front of the queue", f"{RECOMPUTE} ({self.label}), step {step}: {sorted(preempted)} were "
+                      f"preempted and {sorted(admitted)} admitted in the same step: a step that had to preempt has a "
+                      "full pool, and admitting then only preempts someone again (the scheduler admits nothing after "
+                      "a preemption; does your preempt put the victim back where the scheduler expects it?)")
         pool = engine.pool
         held = sum(1 for rc in pool.ref_counts if rc > 0)
         if held + pool.num_free_pages != pool.num_pages:
-            fail(f"{RECOMPUTE} ({self.label}), step {step}: {held} pages held + {pool.num_free_pages} free != "
-                 f"{pool.num_pages} in the pool: a page was lost or freed twice")
+            broke("pages through the manager", f"{RECOMPUTE} ({self.label}), step {step}: {held} pages held + "
+                  f"{pool.num_free_pages} free != {pool.num_pages} in the pool: a page was lost or freed twice")
         self.before = after
 
 
-def _thrash(sched, seed, prefix_caching, label, allow, greedy=True):
+# The step cap of an engine run through the student's scheduler: course_lib's youngest-first finishes these
+# runs in well under 100 steps; a victim policy that starves a request (or livelocks) hits the cap instead.
+THRASH_MAX_STEPS = 400
+
+
+def _thrash(sched, seed, prefix_caching, label, allow, greedy=True, short_first=False):
     model = fixtures.random_model(seed)
     rng = random.Random(seed * 31 + prefix_caching)
     vocab = model.config.vocab_size
     head = fixtures.random_prompts(rng, 1, vocab, lo=8, hi=8)[0] if prefix_caching else []
-    prompts = [head + p for p in fixtures.random_prompts(rng, 6, vocab, lo=3, hi=9)]
+    if short_first:  # the oldest has done the least work all along, and is scheduled first in every step
+        prompts = fixtures.random_prompts(rng, 1, vocab, lo=2, hi=2) + fixtures.random_prompts(rng, 5, vocab, lo=13, hi=14)
+    else:
+        prompts = [head + p for p in fixtures.random_prompts(rng, 6, vocab, lo=3, hi=9)]
     want = fixtures.greedy(model, prompts, 12) if greedy else None  # before any scheduler of the student's runs
     engine = LLMEngine(model, EngineConfig(page_size=4, num_pages=14, max_num_seqs=6, max_num_batched_tokens=32,
                                            admission="none", preemption="recompute",
@@ -526,41 +580,50 @@ def _thrash(sched, seed, prefix_caching, label, allow, greedy=True):
     watch = _StepWatch(engine, label)
     with _reference_hooks_forbidden(sched is not _scheduler_classes()[0] and not allow):
         try:
-            drive(engine, f"{RECOMPUTE} ({label})", max_steps=600, on_step=watch)
+            drive(engine, f"{RECOMPUTE} ({label})", max_steps=THRASH_MAX_STEPS, on_step=watch)
         except AssertionError as exc:
-            if "already runs this step" not in str(exc):
+            text = str(exc)
+            if text.startswith('Rule "'):
                 raise
-            fail(f"{exc} If your choose_victim does take the youngest: does your preempt change self.running in "
-                 "place? A new list leaves the scheduler walking the old one, the victim still in it")
+            if "already runs this step" in text:
+                broke("a running victim", f"{text} A victim must be a running request this step has not scheduled "
+                      "yet: build on course_lib.scheduler.victims.PreemptionScheduler and choose from "
+                      "self.preemptible (the youngest running request always qualifies). If you do: does your "
+                      "preempt change self.running in place? A new list leaves the scheduler walking the old one, "
+                      "the victim still in it")
+            if "still unfinished after" in text:
+                broke("everyone finishes", f"{text} (the cap: {THRASH_MAX_STEPS} steps; course_lib's youngest-first "
+                      "needs far fewer). A victim policy must let every request finish: one that keeps preempting "
+                      "the same requests, or a victim that never leaves the batch, starves them")
+            if "left it in self.running" in text:
+                broke("out of the batch", text)
+            broke("same answers", text)
     return engine, want, watch, ledger
 
 
 def _recompute_engine(impl, seed, allow):
-    for prefix_caching in (False, True):
+    for prefix_caching, short_first in ((False, False), (True, False), (False, True)):
         label = ("6 requests of 12 tokens in a 14-page pool" +
-                 (", prefix caching on (the prompts share 8 tokens)" if prefix_caching else ""))
-        mine, want, watch, ledger = _thrash(impl, seed, prefix_caching, label, allow)
-        theirs, _, _, _ = _thrash(_scheduler_classes()[0], seed, prefix_caching, label, True, greedy=False)
+                 (", prefix caching on (the prompts share 8 tokens)" if prefix_caching else "") +
+                 (", the oldest with a 2-token prompt, the others 13-14 tokens" if short_first else ""))
+        mine, want, watch, ledger = _thrash(impl, seed, prefix_caching, label, allow, short_first=short_first)
         for i, w in enumerate(want):
             got = mine.requests[f"r{i}"].output_token_ids
             expect(got == w, f"{RECOMPUTE} ({label}): request r{i} (preempted {mine.requests[f'r{i}'].num_preemptions} "
                              f"time(s)) produced {got} instead of the model's greedy answer {w}: a recomputed request "
-                             "must restart from position 0 with its prompt and every token it had produced")
+                             "must restart from position 0 with its prompt and every token it had produced",
+                   rule="same answers")
         counts = {rid: r.num_preemptions for rid, r in mine.requests.items()}
-        expected = {rid: r.num_preemptions for rid, r in theirs.requests.items()}
-        expect(sum(expected.values()) > 0, f"{RECOMPUTE} (internal): the run preempted nothing")
-        expect(counts == expected, f"{RECOMPUTE} ({label}): preemptions per request {counts}, expected {expected} "
-                                   "(course_lib's scheduler on the same requests): the same victims must be chosen, "
-                                   "in the same steps")
-        expect(len(mine.step_stats) == len(theirs.step_stats),
-               f"{RECOMPUTE} ({label}): the run took {len(mine.step_stats)} steps, expected {len(theirs.step_stats)}: "
-               "a victim must recompute exactly what it lost (its prompt and its own tokens) and wait at the front")
+        expect(sum(counts.values()) > 0, f"{RECOMPUTE} ({label}): the run preempted nothing, yet 6 requests of up to "
+                                         "20 tokens cannot all grow in 14 pages of 4: is your scheduler course_lib's "
+                                         "ContinuousScheduler with choose_victim and preempt overridden?")
         expect(watch.events == mine.scheduler.num_preemptions == sum(counts.values()),
                f"{RECOMPUTE} ({label}): {watch.events} preemptions seen, scheduler counted "
-               f"{mine.scheduler.num_preemptions}, requests {sum(counts.values())}: each must be counted once")
+               f"{mine.scheduler.num_preemptions}, requests {sum(counts.values())}: each must be counted once",
+               rule="not counted")
         expect(mine.pool.num_free_pages == mine.pool.num_pages,
                f"{RECOMPUTE} ({label}): after every request finished, {mine.pool.num_pages - mine.pool.num_free_pages} "
-               "pages are still held: a victim's pages leaked")
+               "pages are still held: a victim's pages leaked", rule="pages through the manager")
         # The requests' tokens and counters are within the scheduler's reach: hold them to the engine's own record.
         ledger.expect_requests_match(mine, f"{RECOMPUTE} ({label})", preemptions=True)
 
@@ -575,7 +638,7 @@ def check_StudentRecompute(impl, seed, allow_reference):
            f"{impl!r}")
     for name in ("choose_victim", "preempt"):
         owner = getattr(getattr(impl, name, None), "__qualname__", "").split(".")[0]
-        expect(owner not in ("", "ContinuousScheduler", "SchedulerBase"),
+        expect(owner not in _COURSE_LIB_OWNERS,
                f"{RECOMPUTE} {REFERENCE_MESSAGE} (its {name} is still course_lib's {owner}.{name}: define your own "
                "in the class)")
     with _reference_hooks_forbidden(not allow_reference):

@@ -5,10 +5,14 @@ import hashlib
 ROOT = 0
 
 
-def keys_whole_prefix(token_ids, page_size):
-    """The key IS the prefix (a tuple of every token up to the page's end): no hash at all."""
-    full = len(token_ids) // page_size
-    return [tuple(token_ids[:(i + 1) * page_size]) for i in range(full)]
+def keys_hash_and_page(token_ids, page_size):
+    """A tuple key of fixed size: the previous key's hash and this page's tokens, over a copy of the input."""
+    tokens = list(token_ids)
+    keys, previous = [], None
+    for start in range(0, len(tokens) // page_size * page_size, page_size):
+        previous = (hash(previous), tuple(tokens[start:start + page_size]))
+        keys.append(previous)
+    return keys
 
 
 def keys_sha256_chain(token_ids, page_size):
@@ -190,6 +194,6 @@ class BucketedHashCache:
 
 
 CONTROLS = {
-    "page_keys": [keys_whole_prefix, keys_sha256_chain, keys_chained_from_none],
+    "page_keys": [keys_hash_and_page, keys_sha256_chain, keys_chained_from_none],
     "StudentPrefixCache": [TupleKeyedCache, TrieCache, BucketedHashCache],
 }

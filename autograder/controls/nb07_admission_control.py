@@ -100,9 +100,41 @@ class RecomputeWalkingBack(ContinuousScheduler):
         request.status = RequestStatus.PREEMPTED
 
 
+from course_lib.scheduler.victims import PreemptionScheduler  # noqa: E402
+
+
+class RecomputeAskerYields(PreemptionScheduler):
+    """Another victim policy: the oldest request that may still go in this step (the one asking for room)."""
+
+    def choose_victim(self):
+        return self.preemptible[0]
+
+    def preempt(self, request):
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
+class RecomputeLeastWork(PreemptionScheduler):
+    """Another victim policy: of the requests that may go, the one with the fewest computed tokens (ties: the
+    youngest), so the least work is thrown away."""
+
+    def choose_victim(self):
+        return min(reversed(self.preemptible), key=lambda r: r.num_computed_tokens)
+
+    def preempt(self, request):
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
 CONTROLS = {
     "StudentWatermark": [WatermarkInWholePages, WatermarkAsPagesKept],
     "preemption_report": [report_one_pass, report_with_counter],
     "break_it_config": [break_it_many_users, break_it_small_pool],
-    "StudentRecompute": [RecomputeByAdmitSeq, RecomputeWalkingBack],
+    "StudentRecompute": [RecomputeByAdmitSeq, RecomputeWalkingBack, RecomputeAskerYields, RecomputeLeastWork],
 }

@@ -67,6 +67,27 @@ def keys_salted_with_length(token_ids, page_size):
     return keys
 
 
+def keys_rehash_whole_prefix(token_ids, page_size):
+    """Hashes the whole prefix again for every page: right keys, quadratic work in the prompt's length."""
+    return [hash(tuple(token_ids[:(i + 1) * page_size])) for i in range(len(token_ids) // page_size)]
+
+
+def keys_whole_prefix(token_ids, page_size):
+    """The key IS the prefix (a tuple of every token up to the page's end): right keys, but each one as large
+    as its prefix, so building, storing and hashing them is quadratic."""
+    return [tuple(token_ids[:(i + 1) * page_size]) for i in range(len(token_ids) // page_size)]
+
+
+def keys_nested_chain(token_ids, page_size):
+    """Chains the previous KEY itself, not its hash: reads each token once, but key i nests every earlier key
+    (hashing it walks the whole prefix)."""
+    keys, previous = [], None
+    for i in range(len(token_ids) // page_size):
+        previous = (previous, tuple(token_ids[i * page_size:(i + 1) * page_size]))
+        keys.append(previous)
+    return keys
+
+
 class _Cache:
     """A correct prefix cache; each mutant below breaks one rule of it."""
 
@@ -302,11 +323,78 @@ class RegisterTrustsTheHash(_Cache):
             return self.entries[existing][1]
         return super().register(page, parent_serial, tokens)
 
+class LookupSharesPages(_Cache):
+    """Takes a reference on every page it finds (pool.share), as if the lookup were the admission: the KV
+    manager shares the pages it keeps too, so each hit is counted twice and its page never comes free."""
+
+    def lookup(self, token_ids, max_pages):
+        pages, serial = super().lookup(token_ids, max_pages)
+        for page in pages:
+            self.pool.share(page)
+        return pages, serial
+
+
+class SerialIsPage(_Cache):
+    """Uses the page number (+ 1, to avoid ROOT) as the serial: after a page is evicted and reused for another
+    prefix, the old page's children hang under the new page's serial and are found after the wrong parent."""
+
+    def register(self, page, parent_serial, tokens):
+        tokens = tuple(tokens)
+        key = hash((parent_serial, tokens))
+        existing = self.key_to_page.get(key)
+        if existing is not None:
+            _, serial, parent, old = self.entries[existing]
+            if parent == parent_serial and old == tokens:
+                return serial
+            return page + 1
+        self.key_to_page[key] = page
+        self.entries[page] = (key, page + 1, parent_serial, tokens)
+        return page + 1
+
+
+class StaleChildByPage(_Cache):
+    """A tree of children keyed by (parent serial, tokens) -> page; evict only marks the page uncached, and a
+    lookup trusts a child whose page number is cached again, even though that page now holds another prefix."""
+
+    def __init__(self, pool):
+        super().__init__(pool)
+        self.children = {}  # (parent serial, tokens) -> (page, serial)
+        self.cached = {}  # page -> serial
+
+    def is_cached(self, page):
+        return page in self.cached
+
+    def evict(self, page):
+        del self.cached[page]
+
+    def register(self, page, parent_serial, tokens):
+        child = self.children.get((parent_serial, tuple(tokens)))
+        if child is not None and child[0] in self.cached:
+            return child[1]
+        serial = self._new()
+        self.children[(parent_serial, tuple(tokens))] = (page, serial)
+        self.cached[page] = serial
+        return serial
+
+    def lookup(self, token_ids, max_pages):
+        ps = self.pool.page_size
+        pages, parent = [], ROOT
+        for i in range(max_pages):
+            tokens = tuple(token_ids[i * ps:(i + 1) * ps])
+            child = self.children.get((parent, tokens)) if len(tokens) == ps else None
+            if child is None or child[0] not in self.cached:
+                break
+            pages.append(child[0])
+            parent = child[1]
+        return pages, parent
+
+
 MUTANTS = {
-    "page_keys": [keys_not_chained, keys_include_partial_page, keys_drop_last_full_page, keys_chained_on_position,
+    "page_keys": [keys_not_chained, keys_rehash_whole_prefix, keys_whole_prefix, keys_nested_chain,
+                  keys_include_partial_page, keys_drop_last_full_page, keys_chained_on_position,
                   keys_xor_of_pages, keys_sum_of_page, keys_sorted_page, keys_salted_with_length],
     "StudentPrefixCache": [TrustsTheHash, ConfirmsTokensOnly, EvictDoesNothing, HooksNotInstalled, LookupSkipsMisses,
                            LookupIgnoresMaxPages, LookupReturnsRootSerial, HitRateIntegerDivision, KeyedOnPosition,
                            EvictKeepsKey, DuplicateTakesOver, ConfirmsTokensPresent, LookupCountsToo,
-                           RegisterTrustsTheHash],
+                           RegisterTrustsTheHash, LookupSharesPages, SerialIsPage, StaleChildByPage],
 }

@@ -137,6 +137,13 @@ def break_it_pool_fits_typical_request():
     return {"users": 64, "kv_tokens": 1024, "max_tokens": 768, "watermark": 0.05}
 
 
+def break_it_pool_below_largest_request():
+    """A pool of 1,536 tokens with answers up to 600: the largest request needs 1,024 + 600 - 1 = 1,623 slots.
+    It passes seeds 0, 1 and 2 by luck (none of them draws a prompt long enough to be refused), but another
+    seed refuses that request at the door."""
+    return {"users": 32, "kv_tokens": 1536, "max_tokens": 600, "watermark": 0.1}
+
+
 def break_it_max_tokens_beyond_cap():
     """Asks for answers longer than the workload's cap (2,048 > 1,024)."""
     return {"users": 32, "kv_tokens": 8192, "max_tokens": 2048, "watermark": 0.05}
@@ -158,7 +165,8 @@ class _Recompute(ContinuousScheduler):
 
 
 class VictimOldest(_Recompute):
-    """Preempts the oldest running request (the one that has done the most work)."""
+    """Preempts the oldest of ALL running requests: in a step, that one is usually scheduled already, which the
+    engine refuses (the oldest that may still go is in PreemptionScheduler's self.preemptible)."""
 
     def choose_victim(self):
         return self.running[0]
@@ -173,7 +181,7 @@ class VictimLeastWork(_Recompute):
 
 
 class VictimLargest(_Recompute):
-    """Preempts the request holding the most pages (frees the most at once, but breaks first come, first served)."""
+    """Preempts the request holding the most pages among ALL running ones, scheduled in this step or not."""
 
     def choose_victim(self):
         return max(self.running, key=lambda r: len(self.kv.tables[r.request_id].pages))
@@ -268,7 +276,8 @@ MUTANTS = {
                          WatermarkInPages],
     "preemption_report": [report_running_only, report_events_as_requests, report_max_from_steps, report_counts_steps,
                           report_finished_only, report_skips_failed],
-    "break_it_config": [break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
+    "break_it_config": [break_it_pool_below_largest_request,
+                        break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
                         break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
     "StudentRecompute": [VictimOldest, VictimLargest, VictimLeastWork, RequeueAtBack, KeepsProgress,
                          LeavesVictimRunning, NeverFreesPages, FreesPoolNotManager, RestartsAnswer, CountsItself,

@@ -2,16 +2,16 @@
 scripts/extract_references.py: do not edit; edit the notebook's solution cells."""
 
 
-from course_lib.scheduler.continuous import ContinuousScheduler
 from course_lib.scheduler.request import RequestStatus
+from course_lib.scheduler.victims import PreemptionScheduler
 
 
-class StudentRecompute(ContinuousScheduler):
+class StudentRecompute(PreemptionScheduler):
     """course_lib's continuous scheduler, with your preemption by recompute."""
 
     def choose_victim(self):
         """The running request that gives its pages back when the pool is full."""
-        return self.running[-1]  # admission order: the youngest is last
+        return self.preemptible[-1]  # youngest first: it has done the least work, the older ones keep their places
 
     def preempt(self, request) -> None:
         """Give back every page of `request` and requeue it, to be recomputed from its prompt and output."""
@@ -50,3 +50,13 @@ def break_it_config() -> dict:
     # The largest request: a 1,024-token prompt + 512 answer tokens = 1,535 slots, so 4,096 tokens hold any
     # one of them (twice over); 32 users whose answers grow together outgrow it within a few hundred steps.
     return {"users": 32, "kv_tokens": 4096, "max_tokens": 512, "watermark": 0.1}
+
+
+class MyAdmission:
+    """Your admission policy (edit me). It starts as your watermark: change can_admit and rerun the ranking."""
+
+    def __init__(self):
+        self.inner = watermark_cls(config["watermark"])
+
+    def can_admit(self, request, num_new_tokens, cached_pages, kv, running) -> bool:
+        return self.inner.can_admit(request, num_new_tokens, cached_pages, kv, running)
