@@ -217,8 +217,8 @@ HONEST = {
     request.status = RequestStatus.PREEMPTED
     self.waiting.appendleft(request)
 '''),
-        ("choose_victim", "reference", '''def choose_victim(self):
-    return self.running[-1]
+        ("choose_victim", "course_lib", '''def choose_victim(self):
+    return self.preemptible[-1]
 '''),
         ("can_admit", "course_lib", '''def can_admit(self, request, num_new_tokens, cached_pages, kv, running):
     need = kv.num_pages_needed(request, num_new_tokens, cached_pages)
