@@ -185,10 +185,13 @@ def test_a_merged_mutate_report_replaces_its_exercises_rows_and_is_shown_as_its_
         {"exercise": "slot_mapping", "module": "nb03_paged_kv", "generated": 60, "killed": 59, "survived": 1,
          "equivalent": 0, "kill_rate": 59 / 60}]}
     merged = build_grading_tables.merge(report, run, "a test machine")
-    assert merged["rows"]["slot_mapping"] == {"generated": 60, "killed": 59, "survived": 1, "equivalent": 0, "run": 1}
-    assert list(merged["rows"]) == [e.adapter for e in EXERCISES] and len(merged["runs"]) == 2
+    last = len(merged["runs"]) - 1  # the new run, after every run some other row still refers to
+    assert merged["rows"]["slot_mapping"] == {"generated": 60, "killed": 59, "survived": 1, "equivalent": 0, "run": last}
+    assert merged["runs"][last]["machine"] == "a test machine"
+    assert list(merged["rows"]) == [e.adapter for e in EXERCISES]
+    assert sorted({row["run"] for row in merged["rows"].values()}) == list(range(len(merged["runs"]))), "unused runs stay"
     table = build_grading_tables.mutation_table(merged)
-    assert table.startswith("Merged from 2 runs") and "a test machine" in table
+    assert table.startswith(f"Merged from {len(merged['runs'])} runs") and "a test machine" in table
     assert "| `slot_mapping` | 60 | 59 | 1 | 0 | 98.3% |" in table
     assert report == build_grading_tables.load_report(), "merge must not change the report it is given"
     with pytest.raises(SystemExit, match="not in autograder/exercises.py"):
