@@ -181,12 +181,12 @@ def pad_batch(prompts, pad_id):
     worker.join()
     return out[0]
 ''', "course_lib.static_batching.pad_batch (another thread)"),
-    "reference_wrapped_no_call_ban": (KV, '''from course_lib.model import contiguous_cache as _cc
+    "reference_wrapped_no_call_ban": (KV, '''from course_lib.model import kv_footprint as _cc
 
 
 def kv_bytes_per_token(config, bytes_per_elem):
     return _cc.kv_bytes_per_token(config, bytes_per_elem)
-''', "contiguous_cache.kv_bytes_per_token (called by your code)"),
+''', "kv_footprint.kv_bytes_per_token (called by your code)"),
 }
 
 # A student's own pad_batch (the solution notebook's is the answer key itself, which is flagged).

@@ -837,10 +837,14 @@ def check_budget_sweep(impl, seed, allow_reference):
            f"{big['budget']}), got TTFT p50 {small['ttft_p50_ms']:.1f} vs {big['ttft_p50_ms']:.1f} ms and ITL p99 "
            f"{small['itl_p99_ms']:.2f} vs {big['itl_p99_ms']:.2f} ms", rule="the measurements")
 
+    # Again, on two of the budgets (each budget's row depends on its own fresh engine only, so these two rows
+    # must come back as before; two, not all four: every engine call of the student's code crosses the
+    # recording, and this half is a third of the check's time).
+    twice = list(budgets[:2])
     harness2 = _SweepHarness(seats, specs, shown)
     with forbid_calls("budget_sweep", [token_budget], enabled=not allow_reference):
-        again = call(shown, impl, list(budgets), pristine(specs), harness2.make_engine, harness2.submit)
-    again = _rows_of(again, budgets, shown)
+        again = call(shown, impl, twice, pristine(specs), harness2.make_engine, harness2.submit)
+    again = _rows_of(again, twice, shown)
     for a, b in zip(rows, again):
         for key in _KEYS:
             expect(same_float(a[key], b[key], rel=1e-12),

@@ -32,6 +32,18 @@ def kv_head_dim_from_hidden(config, bytes_per_elem):
     return 2 * config.num_layers * config.num_kv_heads * (config.hidden_size // config.num_heads) * bytes_per_elem
 
 
+def kv_forgets_bytes(config, bytes_per_elem):
+    """Counts the numbers stored, not their bytes."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim
+
+
+def kv_counts_bits_through_a_float(config, bytes_per_elem):
+    """Counts bits, then divides by 8 with `/`: an int again, but the count went through a float
+    (53 bits of precision), so a big enough shape comes back off by a few bytes."""
+    bits = 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem * 8
+    return int(bits / 8)
+
+
 def answer_without_prompt_format(model, tokenizer, prompt, max_tokens=64):
     """Encodes the bare text: no <bos>, no separator."""
     (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode(prompt)], SamplingParams(max_tokens=max_tokens))
@@ -63,6 +75,13 @@ def answer_returns_ids(model, tokenizer, prompt, max_tokens=64):
     return out.token_ids
 
 
+def answer_samples(model, tokenizer, prompt, max_tokens=64):
+    """Samples at temperature 1 (seeded, so it is reproducible) instead of decoding greedily."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0)
+    (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode_prompt(prompt)], params)
+    return tokenizer.decode(out.token_ids)
+
+
 _FIRST_ENGINE = {}
 
 
@@ -83,7 +102,7 @@ def answer_keeps_special_tokens(model, tokenizer, prompt, max_tokens=64):
 
 MUTANTS = {
     "kv_bytes_per_token": [kv_uses_num_heads, kv_forgets_values, kv_forgets_layers, kv_uses_hidden_size,
-                           kv_returns_float, kv_head_dim_from_hidden],
+                           kv_returns_float, kv_head_dim_from_hidden, kv_forgets_bytes, kv_counts_bits_through_a_float],
     "answer": [answer_without_prompt_format, answer_echoes_prompt, answer_ignores_max_tokens, answer_skips_engine,
-               answer_returns_ids, answer_reuses_first_engine, answer_keeps_special_tokens],
+               answer_returns_ids, answer_reuses_first_engine, answer_keeps_special_tokens, answer_samples],
 }

@@ -52,6 +52,26 @@ def pad_batch_accepts_empty(prompts, pad_id):
     return _pad(prompts, pad_id)
 
 
+def pad_batch_no_checks(prompts, pad_id):
+    """No check of its own: `max()` of no lengths happens to raise a ValueError, but an empty prompt
+    becomes a row of nothing but padding."""
+    return _pad(prompts, pad_id)
+
+
+def pad_batch_pads_in_place(prompts, pad_id):
+    """Pads the prompt lists it was handed in place (no copy): right ids and mask, but the caller's
+    prompts now start with padding."""
+    if not prompts or not all(prompts):
+        raise ValueError("pad_batch needs at least one prompt, and no empty one")
+    lengths = [len(p) for p in prompts]
+    longest = max(lengths)
+    for prompt in prompts:
+        prompt[:0] = [pad_id] * (longest - len(prompt))
+    ids = torch.tensor(prompts, dtype=torch.long)
+    mask = torch.tensor([[False] * (longest - n) + [True] * n for n in lengths], dtype=torch.bool)
+    return ids, mask
+
+
 def padding_waste_decodes_max_steps(prompt_lens, output_lens):
     """Counts max(output_lens) decode steps (the prefill already samples the first token)."""
     b = len(prompt_lens)
@@ -79,6 +99,20 @@ def padding_waste_useful_fraction(prompt_lens, output_lens):
     b = len(prompt_lens)
     total = b * max(prompt_lens) + b * (max(output_lens) - 1)
     return (sum(prompt_lens) + sum(n - 1 for n in output_lens)) / total
+
+
+def padding_waste_counts_last_token(prompt_lens, output_lens):
+    """Counts every output token as a real slot, the last one too (it is produced, never fed)."""
+    b = len(prompt_lens)
+    total = b * max(prompt_lens) + b * (max(output_lens) - 1)
+    return (total - sum(prompt_lens) - sum(output_lens)) / total
+
+
+def padding_waste_rounded(prompt_lens, output_lens):
+    """Right formula, rounded to 4 decimals "for readability": not the exact fraction."""
+    b = len(prompt_lens)
+    total = b * max(prompt_lens) + b * (max(output_lens) - 1)
+    return round((total - sum(prompt_lens) - sum(n - 1 for n in output_lens)) / total, 4)
 
 
 def padding_waste_no_validation(prompt_lens, output_lens):
@@ -120,47 +154,60 @@ class _PaddedCausal:
 
 @torch.inference_mode()
 def _static(model, prompts, max_tokens, eos_id, left=True, use_mask=True, cut_after_eos=True,
-            keep_eos=True, stop_on_first=False, stop_when_done=True, drop_finished=False, eos_by_identity=False):
+            keep_eos=True, stop_on_first=False, stop_when_done=True, drop_finished=False, eos_by_identity=False,
+            extra_step=False):
+    """The no-cache loop, right but for the one bug its flag turns on: the rectangle keeps every row and
+    grows by one column per step (a finished row's new column is masked padding)."""
     is_eos = (lambda token: token is eos_id) if eos_by_identity else (lambda token: token == eos_id)
-    seqs = [list(p) for p in prompts]
+    if drop_finished:
+        return _static_dropping_finished_rows(model, prompts, max_tokens, eos_id)
+    ids, mask = _pad(prompts, 0, left=left)
+    B = len(prompts)
     outs = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    for _ in range(max_tokens):
-        if drop_finished:  # serve only the rows still running (right tokens, wrong batch shape)
-            live = [i for i in range(len(seqs)) if not done[i]]
-            ids, mask = _pad([seqs[i] for i in live], 0, left=left)
-            n = ids.shape[1]
-            positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-            last = torch.arange(len(live)) * n + n - 1
-            logits = model(ids.flatten(), positions.flatten(), _PaddedCausal(mask), logits_indices=last)
-            for i, token in zip(live, logits.argmax(-1).tolist()):
-                outs[i].append(token)
-                seqs[i].append(token)
-                done[i] = token == eos_id
-            if all(done):
-                break
-            continue
-        ids, mask = _pad(seqs, 0, left=left)
+    done = [False] * B
+    for _ in range(max_tokens + (1 if extra_step else 0)):
         n = ids.shape[1]
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        if left:
-            last = torch.arange(len(seqs)) * n + n - 1
-        else:
-            last = torch.arange(len(seqs)) * n + n - 1  # reads the last column: a pad for short rows
+        last = torch.arange(B) * n + n - 1  # the last column: with right padding, a pad for short rows
         logits = model(ids.flatten(), positions.flatten(), _PaddedCausal(mask, use_mask), logits_indices=last)
+        column, column_mask = [], []
         for row, token in enumerate(logits.argmax(-1).tolist()):
-            if done[row] and cut_after_eos:
-                continue
-            if is_eos(token) and not keep_eos:
+            if (done[row] and cut_after_eos) or (is_eos(token) and not keep_eos):
                 done[row] = True
+                column.append(0)
+                column_mask.append(False)
                 continue
             outs[row].append(token)
-            seqs[row].append(token)
+            column.append(token)
+            column_mask.append(True)
             if is_eos(token):
                 done[row] = True
         if stop_on_first and any(done):
             break
         if stop_when_done and all(done):
+            break
+        ids = torch.cat([ids, torch.tensor(column)[:, None]], dim=1)
+        mask = torch.cat([mask, torch.tensor(column_mask)[:, None]], dim=1)
+    return outs
+
+
+def _static_dropping_finished_rows(model, prompts, max_tokens, eos_id):
+    """Serves only the rows still running at each step (right tokens, wrong batch shape)."""
+    seqs = [list(p) for p in prompts]
+    outs = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for _ in range(max_tokens):
+        live = [i for i in range(len(seqs)) if not done[i]]
+        ids, mask = _pad([seqs[i] for i in live], 0)
+        n = ids.shape[1]
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+        last = torch.arange(len(live)) * n + n - 1
+        logits = model(ids.flatten(), positions.flatten(), _PaddedCausal(mask), logits_indices=last)
+        for i, token in zip(live, logits.argmax(-1).tolist()):
+            outs[i].append(token)
+            seqs[i].append(token)
+            done[i] = token == eos_id
+        if all(done):
             break
     return outs
 
@@ -203,6 +250,20 @@ def static_generate_one_at_a_time(model, prompts, max_tokens, eos_id):
 def static_generate_drops_finished_rows(model, prompts, max_tokens, eos_id):
     """Takes finished rows out of the batch: right tokens, but not a static batch any more."""
     return _static(model, prompts, max_tokens, eos_id, drop_finished=True)
+
+
+def static_generate_one_token_too_many(model, prompts, max_tokens, eos_id):
+    """Loops max_tokens + 1 times (the prefill's token "does not count"): rows without EOS get one too many."""
+    return _static(model, prompts, max_tokens, eos_id, extra_step=True)
+
+
+def static_generate_extends_the_prompts(model, prompts, max_tokens, eos_id):
+    """Right tokens and passes, but it keeps each row's sequence in the prompt list it was handed (no
+    copy): the caller's prompts grow by the answers."""
+    outs = _static(model, prompts, max_tokens, eos_id)
+    for prompt, out in zip(prompts, outs):
+        prompt.extend(out)
+    return outs
 
 
 def static_generate_uses_a_cache(model, prompts, max_tokens, eos_id):
@@ -254,6 +315,14 @@ def _cached(model, prompts, max_tokens, eos_id, decode_positions_from_columns=Fa
         position = torch.full((B,), cache.length) if decode_positions_from_columns else next_pos + decode_position_shift
         logits = cache.forward(model, column, new_mask, position[:, None])
         next_pos = next_pos + new_mask[:, 0].long()
+    return outs
+
+
+def cached_extends_the_prompts(model, prompts, max_tokens, eos_id):
+    """Right tokens and passes, but each generated token is appended to the prompt list it was handed."""
+    outs = _cached(model, prompts, max_tokens, eos_id)
+    for prompt, out in zip(prompts, outs):
+        prompt.extend(out)
     return outs
 
 
@@ -317,16 +386,18 @@ def cached_eos_by_identity(model, prompts, max_tokens, eos_id):
 
 MUTANTS = {
     "pad_batch": [pad_batch_right, pad_batch_inverted_mask, pad_batch_int_mask, pad_batch_ignores_pad_id,
-                  pad_batch_mask_from_ids, pad_batch_accepts_empty],
+                  pad_batch_mask_from_ids, pad_batch_accepts_empty, pad_batch_no_checks, pad_batch_pads_in_place],
     "padding_waste": [padding_waste_decodes_max_steps, padding_waste_prefill_only, padding_waste_over_useful,
                       padding_waste_useful_fraction, padding_waste_no_validation,
-                      padding_waste_validates_outputs_only],
+                      padding_waste_validates_outputs_only, padding_waste_counts_last_token, padding_waste_rounded],
     "static_generate": [static_generate_right_padding, static_generate_attends_to_padding, static_generate_no_eos_cut,
                         static_generate_drops_eos, static_generate_stops_at_first_eos, static_generate_runs_max_tokens,
                         static_generate_one_at_a_time, static_generate_drops_finished_rows,
-                        static_generate_uses_a_cache, static_generate_eos_by_identity],
+                        static_generate_uses_a_cache, static_generate_eos_by_identity,
+                        static_generate_one_token_too_many, static_generate_extends_the_prompts],
     "static_generate_cached": [cached_recomputes_everything, cached_decode_positions_are_columns,
                                cached_decode_position_off_by_one, cached_attends_to_prompt_padding,
                                cached_runs_max_tokens, cached_one_token_too_many, cached_prefills_column_by_column,
-                               cached_drops_eos, cached_feeds_stale_token, cached_eos_by_identity],
+                               cached_drops_eos, cached_feeds_stale_token, cached_eos_by_identity,
+                               cached_extends_the_prompts],
 }

@@ -22,11 +22,6 @@ import torch
 import torch.nn.functional as F
 
 
-def kv_bytes_per_token(config, bytes_per_elem: int) -> int:
-    """Bytes one cached token costs: a key and a value vector per KV head, in every layer."""
-    return int(2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem)
-
-
 class ContiguousKVCache:
     """Per-layer K/V buffers `[batch_size, max_len, num_kv_heads, head_dim]` for one padded batch."""
 

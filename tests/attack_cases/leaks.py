@@ -113,7 +113,7 @@ except (OSError, ValueError) as _e:
 '''
 
 SEEDS = (48271037, 69621154)  # the hidden seeds of the "00_setup_seeds" assignment
-WRAPPED = '''from course_lib.model import contiguous_cache as _cc
+WRAPPED = '''from course_lib.model import kv_footprint as _cc
 
 _calls = []
 

@@ -27,7 +27,7 @@ _LEAK = r'''def kv_bytes_per_token(config, bytes_per_elem):
 _HIDDEN_INPUTS = re.compile(r"L\d+_H\d+_D\d+_B\d+")
 
 # Hands in course_lib's own function, then erases the recorder's evidence of the calls.
-_ERASE = '''from course_lib.model.contiguous_cache import kv_bytes_per_token as _kvb
+_ERASE = '''from course_lib.model.kv_footprint import kv_bytes_per_token as _kvb
 
 
 def kv_bytes_per_token(config, bytes_per_elem):
@@ -60,7 +60,7 @@ def _unasked_lines_cost_nothing(graded):
 
 def _erased_evidence_still_flagged(graded):
     entry = graded.by["rt_erase_evidence"]
-    assert any("imports course_lib.model.contiguous_cache.kv_bytes_per_token" in f for f in entry["flags"]), \
+    assert any("imports course_lib.model.kv_footprint.kv_bytes_per_token" in f for f in entry["flags"]), \
         entry["flags"]
 
 
