@@ -34,7 +34,6 @@ import types
 MAX_HITS = 1000
 TRAMPOLINE_FILE = "<call_tripwire>"
 _serial = itertools.count()
-_scanned: dict[frozenset, list] = {}  # files -> live functions from them (the collector scan, once)
 _watchers: list[tuple[dict, list]] = []  # the open blocks: ({file: module name}, their hits)
 _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # id -> (fn, code, key, users)
 _copies: set[int] = set()  # the originals' stand-ins the trampolines call: never wired themselves
@@ -113,10 +112,9 @@ def _functions_of(module, files: frozenset) -> list[types.FunctionType]:
 
 
 def _live_functions(files: frozenset) -> list[types.FunctionType]:
-    if files not in _scanned:
-        _scanned[files] = [o for o in gc.get_objects() if type(o) is types.FunctionType
-                           and id(o) not in _copies and _code_file(o) in files]
-    return _scanned[files]
+    """Every live function whose code comes from `files` (`tripwires` keeps the answer per file set)."""
+    return [o for o in gc.get_objects() if type(o) is types.FunctionType
+            and id(o) not in _copies and _code_file(o) in files]
 
 
 def _note(path: str, name: str) -> None:
