@@ -162,11 +162,15 @@ class LLMEngine:
         if runner is not None:
             self.runner = runner
         elif self.model is None:
-            self.runner = ScriptedRunner(mc.eos_token_ids[0] if mc.eos_token_ids else 0)
+            self.runner = ScriptedRunner(mc.eos_token_ids[0] if mc.eos_token_ids else 0,
+                                         acceptance_rate=config.spec_acceptance_rate, seed=config.seed)
         else:
             backend = attention if attention is not None else config.attention_backend
             self.runner = ModelRunner(self.model, self.pool.num_pages, self.pool.page_size, attention=backend,
                                       seed=config.seed, forward=config.forward, batch_builder=batch_builder)
+
+        if config.speculative != "none":
+            self._start_speculation()
 
         self.clock = clock if clock is not None else WallClock()
         self.requests: dict[str, Request] = {}
@@ -267,6 +271,21 @@ class LLMEngine:
         if taken:
             raise ValueError(f"duplicate request id {taken[0]!r}: the samples of {request_id!r} need their ids")
 
+    def _start_speculation(self) -> None:
+        """Give the scheduler its drafter (EngineConfig.speculative), or refuse the pieces that cannot speculate."""
+        from .scheduler.continuous import ContinuousScheduler
+        from .spec import make_drafter
+
+        what = f"speculative={self.config.speculative!r}"
+        if type(self.scheduler).schedule is not ContinuousScheduler.schedule:
+            raise ValueError(f"{what} needs ContinuousScheduler's schedule(), which schedules drafted decodes; "
+                             f"{type(self.scheduler).__name__} has its own")
+        if not getattr(self.runner, "verifies_drafts", False):
+            raise ValueError(f"{what} needs a runner that returns the target's token at every drafted position "
+                             f"(the model or scripted runner); {type(self.runner).__name__} does not")
+        self.scheduler.drafter = make_drafter(self.config.speculative, self.config.num_speculative_tokens,
+                                              self.model, self.config.draft_layers, self.config.seed)
+
     def abort(self, request_id) -> None:
         group = self.groups.get(str(request_id))
         if group is not None:  # a group: every sample (the unborn ones first, so none is promoted to sample 0)
@@ -327,19 +346,22 @@ class LLMEngine:
         # Request id -> (request, tokens it produced this step).
         changed: dict[str, tuple[Request, list[int]]] = {rid: (requests[rid], []) for rid in out.failed}
         first_tokens = []  # requests whose first token this step produced (stamped once the step is priced)
-        prefill = decode = read = pairs = 0
+        prefill = decode = read = pairs = drafts = 0
         for s in out.scheduled:
             r = requests[s.request_id]
             n, first = s.num_new_tokens, s.start
-            if n == 1 and first >= len(r.prompt_token_ids):
-                decode += 1
+            if first >= len(r.prompt_token_ids) and (n == 1 or s.draft_token_ids):
+                decode += n  # a decode, or a drafted one: 1 + k tokens
             else:
                 prefill += n
             read += first + n
             pairs += n * first + n * (n + 1) // 2
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
-            if s.samples:
+            if s.draft_token_ids:  # speculative: the tokens it kept (update counted them)
+                drafts += n - 1
+                changed[s.request_id] = (r, r.output_token_ids[len(r.output_token_ids) - out.num_appended[s.request_id]:])
+            elif s.samples:
                 changed[s.request_id] = (r, [sampled[s.request_id]])
                 if r.first_token_time is None:
                     first_tokens.append(r)
@@ -356,6 +378,7 @@ class LLMEngine:
             kv_used_slots=self.kv.used_slots(), kv_allocated_slots=self.kv.allocated_slots(),
             kv_total_slots=self.pool.num_pages * self.pool.page_size,
             num_preemptions=len(out.preempted), page_owners=self._page_owners(),
+            num_draft_tokens=drafts, num_accepted_tokens=out.num_accepted_drafts,
         )
         self.clock.charge(stats)
         end = stats.end_time = self.clock.now()

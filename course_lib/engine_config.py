@@ -18,6 +18,7 @@ from .scheduler.admission import NoAdmissionControl, ReserveAdmission, Watermark
 from .scheduler.base import PREEMPTION_MODES
 from .scheduler.continuous import ContinuousScheduler
 from .scheduler.static import StaticScheduler
+from .spec import DRAFTERS
 
 SCHEDULERS = {cls.name: cls for cls in (ContinuousScheduler, StaticScheduler)}
 ADMISSION_POLICIES = {cls.name: cls for cls in (NoAdmissionControl, ReserveAdmission, WatermarkAdmission)}
@@ -30,10 +31,11 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     # tests/test_engine_options.py holds the two to each other)
     "attention_backend": ("auto", "torch", "reference", "triton", "cpu"),
     "forward": ("auto", "eager", "cpu"),  # runner.resolve_forward says what "auto" takes
+    "speculative": DRAFTERS,  # course_lib/spec: "none", or who drafts
 }
 # Knobs whose error message quotes its choices ("'paged' or 'contiguous'"); the others read
 # "auto, eager or cpu". Both as the messages always read (tests and users match them).
-_QUOTED = {"scheduler", "kv_layout", "admission", "preemption"}
+_QUOTED = {"scheduler", "kv_layout", "admission", "preemption", "speculative"}
 
 
 def one_of(names, quote: bool = True) -> str:
@@ -67,6 +69,13 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # for unseeded sampled requests
     record_page_owners: bool = False  # keep a page->request map per step (for the page-pool plot)
+    # Speculative decoding (course_lib/spec): "none", "ngram" (prompt lookup) or "draft" (the model's
+    # first `draft_layers` layers draft); up to num_speculative_tokens drafts per decode step. Without a
+    # model (the scripted runner) the target keeps each draft with probability spec_acceptance_rate.
+    speculative: str = "none"
+    num_speculative_tokens: int = 3
+    draft_layers: int = 1
+    spec_acceptance_rate: float = 0.7
 
     def __post_init__(self):
         checks = [
@@ -75,6 +84,10 @@ class EngineConfig:
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
             (self.max_num_batched_tokens >= 1,
              f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"),
+            (self.num_speculative_tokens >= 1,
+             f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"),
+            (0.0 <= self.spec_acceptance_rate <= 1.0,
+             f"spec_acceptance_rate must be within [0, 1], got {self.spec_acceptance_rate}"),
         ] + [
             (getattr(self, knob) in names,
              f"{knob} must be {one_of(names, knob in _QUOTED)}, got {getattr(self, knob)!r}")

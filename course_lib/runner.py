@@ -16,6 +16,7 @@ forward and sample times, and attention's share of an eager forward, to the engi
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from time import perf_counter_ns
 
@@ -25,6 +26,7 @@ from .attention import default_backend, paged_decode, paged_prefill, write_kv
 from .attention.torch_paged import paged_decode_torch, paged_prefill_torch, plan_decode, plan_prefill
 from .runner_batch import build_flat_batch
 from .sampler import sample, token_logprobs
+from .spec.verify import target_tokens
 from .scheduler.output import SampledTokens, SchedulerOutput
 
 
@@ -156,6 +158,7 @@ class ModelRunner:
     samples each entry's `forks` from that entry's logits row, each with its own generator."""
 
     supports_forks = True  # the engine serves n > 1 only with a runner that says so
+    verifies_drafts = True  # ... and speculative decoding only with one that returns every drafted position
     reports_logprobs = True  # ... and logprobs / best_of only with one that returns them
 
     def __init__(self, model, num_pages: int, page_size: int, attention="auto", seed: int = 0,
@@ -215,6 +218,7 @@ class ModelRunner:
         prefill_pairs = 0  # (query, visible token) pairs of the prefill chunks: their attention work
         logits_rows, params, ids, histories, with_logprobs = [], [], [], [], []
         fork_rows = None  # with forks: for each sampled id, its row among logits_rows (which stay unique)
+        drafted, drafted_rows = None, []  # speculative decoding: drafted entries, and all their rows
         row = out.num_padded_tokens - 1
         for s in scheduled:
             n = s.num_new_tokens
@@ -223,6 +227,12 @@ class ModelRunner:
                 num_decodes += 1
             else:
                 prefill_pairs += n * s.start + n * (n + 1) // 2
+            if s.draft_token_ids:  # the target's logits at every one of its 1 + k positions
+                if drafted is None:
+                    drafted = []
+                drafted.append(s)
+                drafted_rows.extend(range(row - n + 1, row + 1))
+                continue
             if s.samples:
                 logits_rows.append(row)
                 if fork_rows is not None:
@@ -241,7 +251,8 @@ class ModelRunner:
                     histories.append(s.history)
                     if fork_params.needs_logprobs:
                         with_logprobs.append(len(ids) - 1)
-        logits_rows = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        num_plain_rows = len(logits_rows)
+        logits_rows = torch.tensor(logits_rows + drafted_rows, dtype=torch.long, device=self.device)
         profile = self.step_profile
         if profile is not None:
             t_forward = self._profile_clock()
@@ -264,8 +275,14 @@ class ModelRunner:
             profile.add("forward", t_sample - t_forward)
             if c_step:
                 profile.add("c_forward", t_sample - t_forward)
+        verified = None
+        if drafted is not None:
+            verified = self._verify(drafted, logits[num_plain_rows:])
+            logits = logits[:num_plain_rows]
         if not ids:
-            return {}
+            if profile is not None and drafted is not None:
+                profile.add("sample", self._profile_clock() - t_sample)
+            return verified or {}
         if fork_rows is not None:  # a logits row for every sample
             logits = logits[torch.tensor(fork_rows, dtype=torch.long, device=logits.device)]
         tokens = sample(logits, params, [self._generator(rid, p) for rid, p in zip(ids, params)], histories,
@@ -275,8 +292,26 @@ class ModelRunner:
             result = SampledTokens(zip(ids, tokens), {ids[i]: entry for i, entry in zip(with_logprobs, entries)})
         else:
             result = dict(zip(ids, tokens))
+        if verified:
+            result.update(verified)
         if profile is not None:
             profile.add("sample", self._profile_clock() - t_sample)
+        return result
+
+    def _verify(self, drafted: list, logits: torch.Tensor) -> dict[str, list[int]]:
+        """{request id: the target's token at each of its 1 + k positions} for the drafted entries,
+        whose logits rows are consecutive in `logits` (spec/verify.py: greedy, or the rejection rule)."""
+        greedy = logits.argmax(dim=-1).tolist()  # every greedy row at once
+        result, start = {}, 0
+        for s in drafted:
+            n = s.num_new_tokens
+            p = s.sampling_params
+            if p.greedy:
+                result[s.request_id] = greedy[start: start + n]
+            else:
+                result[s.request_id] = target_tokens(logits[start: start + n], s.draft_token_ids, s.draft_probs, p,
+                                                     self._generator(s.request_id, p))
+            start += n
         return result
 
     def _copy_pages(self, copies) -> None:
@@ -308,11 +343,18 @@ class ScriptedRunner:
     forked like the model runner's; there is no K/V to copy, and no logprobs."""
 
     supports_forks = True
+    verifies_drafts = True
 
-    def __init__(self, eos_token_id: int, filler_token_id: int = 3):
+    def __init__(self, eos_token_id: int, filler_token_id: int = 3, acceptance_rate: float = 0.7, seed: int = 0):
         self.eos_token_id, self.filler_token_id = eos_token_id, filler_token_id
         self.output_lens: dict[str, int] = {}  # request id -> the length it stops at
         self.num_emitted: dict[str, int] = {}  # request id -> tokens it has produced
+        # Speculative decoding: the target "agrees" with each draft with this probability, independently
+        # (drawn from a seeded generator, so a simulation is repeatable).
+        if not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate must be within [0, 1], got {acceptance_rate}")
+        self.acceptance_rate = acceptance_rate
+        self.rng = random.Random(seed)
 
     def set_output_len(self, request_id: str, output_len: int) -> None:
         self.output_lens[request_id] = output_len
@@ -324,9 +366,32 @@ class ScriptedRunner:
             emitted.pop(rid, None)
         tokens = {}
         for s in out.scheduled:
+            if s.draft_token_ids:
+                tokens[s.request_id] = self._verify(s)
+                continue
             if s.samples:
                 for rid, params in ((s.request_id, s.sampling_params), *s.forks):
                     k = emitted[rid] = emitted.get(rid, 0) + 1
                     target = lens.get(rid) or params.max_tokens
                     tokens[rid] = self.eos_token_id if k >= target else self.filler_token_id
+        return tokens
+
+    def _verify(self, s) -> list[int]:
+        """The scripted target's tokens at a drafted row's 1 + k positions: each draft kept with
+        probability `acceptance_rate` until the first miss (a drafted EOS is always a miss), then a
+        token that differs from the draft; EOS where the request reaches its scripted length."""
+        rid, drafts, eos = s.request_id, s.draft_token_ids, self.eos_token_id
+        k, kept = len(drafts), 0
+        while kept < k and drafts[kept] != eos and self.rng.random() < self.acceptance_rate:
+            kept += 1
+        avoid = (eos, drafts[kept] if kept < k else eos)
+        miss = next(t for t in range(self.filler_token_id, self.filler_token_id + 3) if t not in avoid)
+        tokens = [*drafts[:kept], miss, *[miss] * (k - kept)]  # (past the first miss: never read)
+        emitted = self.num_emitted.get(rid, 0)
+        target = self.output_lens.get(rid) or s.sampling_params.max_tokens
+        appended = kept + 1
+        if emitted + appended >= target:  # its scripted end falls in this row: EOS there stops it
+            appended = max(1, target - emitted)
+            tokens[appended - 1] = eos
+        self.num_emitted[rid] = emitted + appended
         return tokens

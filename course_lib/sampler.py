@@ -52,6 +52,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
     return tokens
 
 
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution `sample` draws a non-greedy row from, for every row of `logits` (one
+    request's rows, all with `params`): temperature, then top-k / top-p, then softmax, in float32
+    on the CPU (speculative decoding's rejection rule compares these with the drafter's)."""
+    rows = [_filter_top_k_top_p(row.float().cpu() / params.temperature, params.top_k, params.top_p)
+            for row in logits]
+    return torch.softmax(torch.stack(rows), dim=-1)
+
+
 def token_logprobs(logits: torch.Tensor, tokens: list[int], params: list[SamplingParams], rows: list[int]) -> list:
     """For each of `rows`: (the log-probability of `tokens[row]`, ((id, logprob), ...) of the
     `params[row].logprobs` most likely tokens). Of the model's raw distribution (`logits` as the model

@@ -20,6 +20,8 @@ configs = st.fixed_dictionaries({
     "preemption": st.sampled_from(["recompute", "fail"]),
     "enable_chunked_prefill": st.booleans(),
     "enable_prefix_caching": st.booleans(),
+    "speculative": st.sampled_from(["none", "ngram"]),  # (the scripted runner keeps 70% of the drafts)
+    "num_speculative_tokens": st.integers(1, 4),
 })
 
 events = st.lists(st.one_of(
@@ -33,6 +35,8 @@ def _build(c):
     # max_model_len 64 for both the scripted and the real model, so a contiguous pool of at
     # least 64 tokens always holds one request.
     tokens = c.pop("num_pages_tokens")
+    if c["scheduler"] == "static":
+        c["speculative"] = "none"  # only the continuous scheduler drafts (the engine refuses the rest)
     return EngineConfig(num_pages=max(tokens // c["page_size"], 64 // c["page_size"] + 1), max_model_len=64, **c)
 
 
@@ -75,6 +79,8 @@ def test_random_configs_with_the_real_model_match_plain_generate(small_model, c,
     import random
 
     c = dict(c, preemption="recompute")
+    if c["speculative"] != "none" and seed % 2:
+        c["speculative"] = "draft"  # the model's first layer drafts
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 61) for _ in range(rng.randint(1, 30))] for _ in range(n)]
     if c["enable_prefix_caching"] and n > 1:

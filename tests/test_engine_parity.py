@@ -18,16 +18,29 @@ CONFIGS = [
 ]
 
 
-def _engine_config(model, scheduler, kv_layout, page_size, enable_chunked_prefill, small_pool, forward):
+# Speculative decoding on (the continuous scheduler only drafts): each drafter with one and several drafts,
+# small and large pages, tight and roomy pools (rollback frees pages, preemption recomputes), both forwards.
+SPEC_CONFIGS = [
+    dict(scheduler="continuous", kv_layout=kv, page_size=ps, enable_chunked_prefill=True, small_pool=small,
+         forward=fwd, speculative=spec, num_speculative_tokens=k)
+    for spec, k, kv, ps, small, fwd in itertools.product(
+        ["ngram", "draft"], [1, 4], ["paged"], [1, 16], [False, True], ["eager", "cpu"])
+] + [dict(scheduler="continuous", kv_layout="contiguous", page_size=16, enable_chunked_prefill=False, small_pool=True,
+          forward="cpu", speculative=spec, num_speculative_tokens=3) for spec in ("ngram", "draft")]
+
+
+def _engine_config(model, scheduler, kv_layout, page_size, enable_chunked_prefill, small_pool, forward, **more):
     max_len = model.config.max_position_embeddings
     if small_pool:  # paged: room for ~3 requests' worth of tokens, so decodes must preempt
-        num_pages = 150 // page_size if kv_layout == "paged" else 2 * max_len // page_size
+        # (drafted requests finish in fewer steps, so fewer of them overlap: a tighter pool for those)
+        tokens = 100 if more.get("speculative") else 150
+        num_pages = tokens // page_size if kv_layout == "paged" else 2 * max_len // page_size
     else:
         num_pages = None
     return EngineConfig(page_size=page_size, num_pages=num_pages, scheduler=scheduler, kv_layout=kv_layout,
                         enable_chunked_prefill=enable_chunked_prefill, max_num_seqs=6,
                         max_num_batched_tokens=24 if enable_chunked_prefill else 256, admission="none",
-                        forward=forward)
+                        forward=forward, **more)
 
 
 def _model(kind: str):
@@ -53,7 +66,7 @@ def case(request):
     return model, prompts, expected
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("cfg", CONFIGS + SPEC_CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_engine_matches_plain_generate(case, cfg):
     model, prompts, expected = case
     engine = LLMEngine(model, _engine_config(model, **cfg))
@@ -66,6 +79,8 @@ def test_engine_matches_plain_generate(case, cfg):
     if cfg["small_pool"] and cfg["kv_layout"] == "paged":
         assert engine.stats()["num_preemptions"] > 0, "the small pool was meant to force preemptions"
     assert engine.pool.num_free_pages == engine.pool.num_pages, "pages leaked"
+    if cfg.get("speculative"):
+        assert engine.scheduler.num_draft_tokens > 0, "the drafter was meant to draft"
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
@@ -93,13 +108,15 @@ def test_an_injected_decode_function_serves_the_decode_rows(case):
     assert calls, "the injected attention was never called"
 
 
-def test_eos_and_stop_tokens_end_requests_like_plain_generate():
+@pytest.mark.parametrize("speculative", ["none", "ngram", "draft"])
+def test_eos_and_stop_tokens_end_requests_like_plain_generate(speculative):
     model = random_model(2)
     prompts = random_prompts(5, model.config.vocab_size, seed=2)
     free_run = [model.generate(p, 12, stop_token_ids=[]) for p in prompts]
     stop = free_run[0][3]  # a token we know appears: request 0 must stop right there
     expected = [model.generate(p, 12, stop_token_ids=[stop]) for p in prompts]
-    engine = LLMEngine(model, EngineConfig(page_size=4))
+    # (drafted: a stop among the kept drafts ends the request there, not after the row)
+    engine = LLMEngine(model, EngineConfig(page_size=4, speculative=speculative, num_speculative_tokens=4))
     outputs = engine.generate(prompts, SamplingParams(max_tokens=12, stop_token_ids=[stop]))
     assert [o.token_ids for o in outputs] == expected
     assert outputs[0].finish_reason == "stop" and outputs[0].token_ids[-1] == stop

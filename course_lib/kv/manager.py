@@ -173,6 +173,21 @@ class KVCacheManager:
         self.filled[rid] = filled
         return cached_tokens
 
+    def truncate(self, request, num_tokens: int) -> None:
+        """Keep room for the first `num_tokens` tokens of `request` only, giving back the pages past them
+        (speculative decoding: a step wrote rejected drafts there; they were fresh pages, never shared
+        nor committed to the prefix cache)."""
+        rid = request.request_id
+        table = self.tables[rid]
+        self._num_filled += num_tokens - self.filled[rid]
+        self.filled[rid] = num_tokens
+        keep = self.pages_to_hold(num_tokens)
+        extra = table.pages[keep:]
+        if extra:
+            table.pages = table.pages[:keep]
+            self._num_held_pages -= len(extra)
+            self.pool.free(extra)
+
     # -- parallel sampling: fork and copy on write ---------------------------------------------
     def fork(self, parent, child) -> None:
         """`child` (a new sample) starts as `parent` is now: the same pages, shared by reference."""

@@ -22,12 +22,19 @@ ordinary request: it decodes, stops, is preempted (and recomputed alone) or abor
 KV manager copies a shared page the first time one of them writes into it. A scheduler keeps seats
 for a group's unborn samples (`_seats_free`); only `ContinuousScheduler`'s `schedule()` does, so the
 engine refuses n > 1 with any other.
+
+Speculative decoding (course_lib/spec/): with a `drafter` set, `_propose_drafts` asks it once per
+step for the running decodes' guesses and `_drafted_entry` schedules one as 1 + k tokens (budget and
+pages for all of them, never a preemption for a guess); `update` keeps the longest prefix of drafts
+the target agrees with plus the target's next token (`_accept_drafts`), moves `num_computed_tokens`
+to just those, and gives back the pages that held only rejected drafts (`kv.truncate`). Only
+`ContinuousScheduler`'s `schedule()` drafts, so the engine refuses speculation with any other.
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .output import SchedulerOutput
+from .output import ScheduledRequest, SchedulerOutput
 from .request import FinishReason, Request, RequestStatus
 
 # What happens to a request that cannot grow: "recompute" (preempt it, recompute it later) or
@@ -54,6 +61,10 @@ class SchedulerBase:
         self._live: dict[str, Request] = {}  # every request added and not yet delivered, by id
         self._gone: list[str] = []  # ids delivered since the last step (the runner may drop their state)
         self._forking: dict[str, Request] = {}  # sample 0 of each group whose siblings are still unborn
+        # Speculative decoding (set by the engine): the drafter, or None (off); drafts and kept drafts so far.
+        self.drafter = None
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
 
     # -- questions --------------------------------------------------------------------------
     @property
@@ -209,6 +220,8 @@ class SchedulerBase:
         if kv.pending_copies:  # copy on write: the runner copies these pages before the forward pass
             out.page_copies, kv.pending_copies = kv.pending_copies, []
         out.finished_ids, self._gone = self._gone, []
+        if self.drafter is not None and out.finished_ids:
+            self.drafter.forget(out.finished_ids)
         out.num_running, out.num_waiting = len(self.running), len(self.waiting)
         return out
 
@@ -224,6 +237,9 @@ class SchedulerBase:
         self._gone += out.failed
         for s in out.scheduled:
             r = live[s.request_id]
+            if s.draft_token_ids:
+                self._accept_drafts(r, s, sampled[s.request_id], out, finished, commit)
+                continue
             r.num_computed_tokens += s.num_new_tokens
             if commit is not None:
                 commit(r)
@@ -245,6 +261,69 @@ class SchedulerBase:
             if reason is not None:
                 self._retire(r, reason, finished)
         return finished
+
+    # -- speculative decoding ---------------------------------------------------------------
+    def _propose_drafts(self) -> dict:
+        """{request id: (draft tokens, their q or None)} for the running requests in decode that may
+        speculate: not those whose sampling adjusts logits or reports logprobs (their drafts would
+        need the history and logprobs of tokens not yet kept), and never more drafts than tokens the
+        request may still produce, minus the one the target always adds."""
+        candidates, limits = [], []
+        max_len = self.kv.max_model_len
+        for r in self.running:
+            p = r.sampling_params
+            num_tokens = len(r.prompt_token_ids) + len(r.output_token_ids)
+            if num_tokens != r.num_computed_tokens + 1 or p.adjusts_logits or p.needs_logprobs:
+                continue
+            room = min(p.max_tokens - len(r.output_token_ids), max_len - num_tokens) - 1
+            if room > 0:
+                candidates.append(r)
+                limits.append(room)
+        return self.drafter.propose(candidates, limits) if candidates else {}
+
+    def _drafted_entry(self, request: Request, drafted: tuple, budget: int):
+        """The entry of a decode with its drafts (as many as the budget leaves room for), or None when
+        no draft fits, or when they would need pages the pool does not have free: a guess never
+        preempts anyone (the plain decode path then runs, which may)."""
+        tokens, probs = drafted
+        k = min(len(tokens), budget - 1)
+        if k <= 0 or not self.kv.can_allocate(request, 1 + k):
+            return None
+        self.kv.allocate(request, 1 + k)
+        output = request.output_token_ids
+        last = output[-1] if output else request.prompt_token_ids[-1]
+        drafts = tuple(tokens[:k])
+        return ScheduledRequest(request.request_id, 1 + k, request.num_computed_tokens, True, [last, *drafts],
+                                self.kv.tables[request.request_id].pages, request.sampling_params,
+                                draft_token_ids=drafts, draft_probs=None if probs is None else probs[:k])
+
+    def _accept_drafts(self, r: Request, s, targets: list, out: SchedulerOutput, finished: list, commit) -> None:
+        """`s` computed r's last token and k drafts; `targets` are the target's tokens at those 1 + k
+        positions. Keep the drafts up to the first disagreement and the target's token there (all k
+        agreeing: the target's next one), stopping early at a stop token, EOS or a length limit. The
+        request's progress moves past the last token and the kept drafts only; pages that held only
+        rejected drafts go back to the pool."""
+        drafts = s.draft_token_ids
+        kept = 0
+        while kept < len(drafts) and drafts[kept] == targets[kept]:
+            kept += 1
+        output, reason, appended = r.output_token_ids, None, 0
+        for token in targets[: kept + 1]:
+            output.append(token)
+            appended += 1
+            reason = self._stop_reason(r, token)
+            if reason is not None:
+                break
+        r.num_computed_tokens = s.start + appended  # the last token and the kept drafts (K/V written)
+        self.kv.truncate(r, r.num_computed_tokens)
+        if commit is not None:
+            commit(r)
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += kept
+        out.num_appended[r.request_id] = appended
+        out.num_accepted_drafts += kept
+        if reason is not None:
+            self._retire(r, reason, finished)
 
     def _retire(self, r: Request, reason: FinishReason, finished: list) -> None:
         r.finish_reason = reason

@@ -20,6 +20,7 @@ class ContinuousScheduler(SchedulerBase):
 
         # 1. Requests already running keep their seats.
         running, scheduled, try_append_slot = self.running, out.scheduled, self.kv.try_append_slot
+        drafts = self._propose_drafts() if self.drafter is not None else None  # speculative decoding: guesses
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -28,6 +29,13 @@ class ContinuousScheduler(SchedulerBase):
             computed = request.num_computed_tokens
             output = request.output_token_ids
             if len(request.prompt_token_ids) + len(output) == computed + 1:
+                if drafts and request.request_id in drafts:  # a decode with guesses: 1 + k tokens
+                    entry = self._drafted_entry(request, drafts[request.request_id], budget)
+                    if entry is not None:
+                        scheduled.append(entry)
+                        budget -= entry.num_new_tokens
+                        i += 1
+                        continue
                 pages = try_append_slot(request)
                 if pages is not None:
                     scheduled.append(ScheduledRequest(

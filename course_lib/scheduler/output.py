@@ -39,6 +39,12 @@ class ScheduledRequest:
     # siblings). The runner draws a token for each from the same logits, with the sample's own
     # generator (its params carry its seed). Empty almost always.
     forks: tuple = field(default=(), repr=False, compare=False)
+    # Speculative decoding: the drafter's guesses, the row's last num_new_tokens - 1 token_ids. The runner
+    # returns the target's token at each of its 1 + k positions (a list, spec/verify.py), the scheduler
+    # keeps the agreeing prefix. `draft_probs`: the drafter's distributions [k, vocab] for a sampled
+    # request (the rejection rule divides by them), None for certain guesses (n-gram) or greedy.
+    draft_token_ids: tuple = ()
+    draft_probs: object = field(default=None, repr=False, compare=False)
 
     @property
     def positions(self) -> range:
@@ -62,6 +68,10 @@ class SchedulerOutput:
     # Copy on write: (source page, fresh page) pairs whose K/V the runner copies before the forward
     # pass: a sample about to write into a page it shares with its siblings gets a copy of its own.
     page_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Speculative decoding, written by `update`: tokens each drafted request added this step (its kept
+    # drafts plus the target's own, cut at a stop), and the drafts kept in all.
+    num_appended: dict[str, int] = field(default_factory=dict)
+    num_accepted_drafts: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -104,6 +114,8 @@ class StepStats:
     kv_total_slots: int
     num_preemptions: int  # preemptions during this step
     page_owners: list | None = None  # optional: owner request id (or None) of every physical page
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens computed this step (in num_decode_tokens)
+    num_accepted_tokens: int = 0  # ... and how many of them the target kept
 
     @property
     def kv_waste_slots(self) -> int:
