@@ -19,7 +19,8 @@ Injection points (so that a student's piece can serve real requests): `block_poo
 built like `ContinuousScheduler`), `admission` (an object with `can_admit`), `prefix_cache`
 (an object like `PrefixCache`, built on the pool), `attention` (a function with the
 `paged_decode` signature, used for decode rows), `batch_builder` (a function like
-`runner_batch.build_flat_batch`), `runner` and `clock`.
+`runner_batch.build_flat_batch`), `runner`, `clock` and `verify` (speculative decoding: a function
+like `spec.verify.target_tokens`, the target's token at every drafted position).
 
 Parallel sampling (`SamplingParams(n=...)`, `best_of=`): `add_request` returns the group's id and
 makes one `Request` per sample, with id "<group id>#<i>". The prompt is computed once, for sample
@@ -125,7 +126,8 @@ def _default_num_pages(config: EngineConfig, max_model_len: int) -> int:
 
 class LLMEngine:
     def __init__(self, model, config: EngineConfig | None = None, *, block_pool=None, scheduler=None,
-                 admission=None, prefix_cache=None, attention=None, batch_builder=None, runner=None, clock=None):
+                 admission=None, prefix_cache=None, attention=None, batch_builder=None, runner=None, clock=None,
+                 verify=None):
         """`model`: a course_lib Transformer, or just a `ModelConfig` to simulate with the scripted runner."""
         self.config = config = config or EngineConfig()
         self.model = None if isinstance(model, ModelConfig) else model
@@ -167,7 +169,8 @@ class LLMEngine:
         else:
             backend = attention if attention is not None else config.attention_backend
             self.runner = ModelRunner(self.model, self.pool.num_pages, self.pool.page_size, attention=backend,
-                                      seed=config.seed, forward=config.forward, batch_builder=batch_builder)
+                                      seed=config.seed, forward=config.forward, batch_builder=batch_builder,
+                                      verify=verify)
 
         if config.speculative != "none":
             self._start_speculation()

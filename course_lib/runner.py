@@ -162,7 +162,7 @@ class ModelRunner:
     reports_logprobs = True  # ... and logprobs / best_of only with one that returns them
 
     def __init__(self, model, num_pages: int, page_size: int, attention="auto", seed: int = 0,
-                 forward: str = "auto", batch_builder=None):
+                 forward: str = "auto", batch_builder=None, verify=None):
         self.model = model
         self.device = model.device
         mc = model.config
@@ -172,6 +172,9 @@ class ModelRunner:
         self.k_caches = [torch.zeros(shape, dtype=model.dtype, device=self.device) for _ in range(mc.num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=model.dtype, device=self.device) for _ in range(mc.num_layers)]
         self.batch_builder = batch_builder if batch_builder is not None else build_flat_batch
+        # Speculative decoding: a function like spec.verify.target_tokens (e.g. a student's) decides every
+        # drafted row; without one, greedy rows take the batched argmax and sampled rows target_tokens.
+        self.verify = verify
         self.scale = 1.0 / math.sqrt(mc.head_dim)
         if callable(attention):  # a paged_decode-style function from outside (e.g. a student's)
             self.attention_backend = getattr(attention, "__name__", "custom")
@@ -301,12 +304,16 @@ class ModelRunner:
     def _verify(self, drafted: list, logits: torch.Tensor) -> dict[str, list[int]]:
         """{request id: the target's token at each of its 1 + k positions} for the drafted entries,
         whose logits rows are consecutive in `logits` (spec/verify.py: greedy, or the rejection rule)."""
-        greedy = logits.argmax(dim=-1).tolist()  # every greedy row at once
+        verify = self.verify
+        greedy = logits.argmax(dim=-1).tolist() if verify is None else None  # every greedy row at once
         result, start = {}, 0
         for s in drafted:
             n = s.num_new_tokens
             p = s.sampling_params
-            if p.greedy:
+            if verify is not None:
+                result[s.request_id] = [int(t) for t in verify(logits[start: start + n], s.draft_token_ids,
+                                                               s.draft_probs, p, self._generator(s.request_id, p))]
+            elif p.greedy:
                 result[s.request_id] = greedy[start: start + n]
             else:
                 result[s.request_id] = target_tokens(logits[start: start + n], s.draft_token_ids, s.draft_probs, p,

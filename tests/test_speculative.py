@@ -204,3 +204,24 @@ def test_requests_with_logprobs_or_penalties_decode_without_drafts():
         got, want = engine.generate([prompt], params)[0], plain.generate([prompt], params)[0]
         assert got.token_ids == want.token_ids
     assert engine.scheduler.num_draft_tokens == 0
+
+
+def test_an_injected_verify_decides_every_drafted_row_and_positions_are_counted():
+    model, tok = course_lib.load_tiny(torch.float64)
+    prompt = tok.encode_prompt("repeat: 5656")
+    calls = []
+
+    def reject_all(logits, drafts, draft_probs, params, generator):
+        calls.append(len(drafts))
+        tokens = logits.argmax(-1).tolist()
+        tokens[0] = tokens[0] if tokens[0] != drafts[0] else int(logits[0].argsort()[-2])  # never the draft
+        return tokens
+
+    engine = LLMEngine(model, EngineConfig(speculative="ngram", num_speculative_tokens=2), verify=reject_all)
+    engine.generate([prompt], SamplingParams(max_tokens=6))
+    assert calls and engine.scheduler.num_accepted_tokens == 0
+    assert engine.scheduler.accepted_per_position == [0, 0][: len(engine.scheduler.accepted_per_position)]
+    honest = LLMEngine(model, EngineConfig(speculative="ngram", num_speculative_tokens=2))
+    honest.generate([prompt], SamplingParams(max_tokens=12))
+    per_pos = honest.scheduler.accepted_per_position
+    assert sum(per_pos) == honest.scheduler.num_accepted_tokens and per_pos == sorted(per_pos, reverse=True)

@@ -26,9 +26,11 @@ engine refuses n > 1 with any other.
 Speculative decoding (course_lib/spec/): with a `drafter` set, `_propose_drafts` asks it once per
 step for the running decodes' guesses and `_drafted_entry` schedules one as 1 + k tokens (budget and
 pages for all of them, never a preemption for a guess); `update` keeps the longest prefix of drafts
-the target agrees with plus the target's next token (`_accept_drafts`), moves `num_computed_tokens`
+the target agrees with plus the target's next token (`accept_drafts`), moves `num_computed_tokens`
 to just those, and gives back the pages that held only rejected drafts (`kv.truncate`). Only
 `ContinuousScheduler`'s `schedule()` drafts, so the engine refuses speculation with any other.
+`accept_drafts` is the overridable part (like `choose_victim` / `preempt`); `_accept_drafts` counts
+the drafts kept, offers the full pages to the prefix cache and retires a request that stopped.
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ class SchedulerBase:
         self.drafter = None
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.accepted_per_position: list[int] = []  # [i]: drafted rows whose draft i + 1 was kept
 
     # -- questions --------------------------------------------------------------------------
     @property
@@ -297,31 +300,48 @@ class SchedulerBase:
                                 self.kv.tables[request.request_id].pages, request.sampling_params,
                                 draft_token_ids=drafts, draft_probs=None if probs is None else probs[:k])
 
-    def _accept_drafts(self, r: Request, s, targets: list, out: SchedulerOutput, finished: list, commit) -> None:
-        """`s` computed r's last token and k drafts; `targets` are the target's tokens at those 1 + k
-        positions. Keep the drafts up to the first disagreement and the target's token there (all k
-        agreeing: the target's next one), stopping early at a stop token, EOS or a length limit. The
-        request's progress moves past the last token and the kept drafts only; pages that held only
-        rejected drafts go back to the pool."""
-        drafts = s.draft_token_ids
+    def accept_drafts(self, request: Request, entry, targets: list) -> FinishReason | None:
+        """`entry` computed `request`'s last token and k drafts (`entry.draft_token_ids`, from position
+        `entry.start`); `targets` are the target's tokens at those 1 + k positions. Append the drafts up
+        to the first disagreement and the target's token there (all k agreeing: the target's next one),
+        stopping early at a stop token, EOS or a length limit; move the request's progress past the
+        last token and the kept drafts only; give back the pages that held only rejected drafts.
+        Returns why the request stops, or None. (Notebook 9 has you write this.)"""
+        drafts = entry.draft_token_ids
         kept = 0
         while kept < len(drafts) and drafts[kept] == targets[kept]:
             kept += 1
-        output, reason, appended = r.output_token_ids, None, 0
+        output, reason, appended = request.output_token_ids, None, 0
         for token in targets[: kept + 1]:
             output.append(token)
             appended += 1
-            reason = self._stop_reason(r, token)
+            reason = self._stop_reason(request, token)
             if reason is not None:
                 break
-        r.num_computed_tokens = s.start + appended  # the last token and the kept drafts (K/V written)
-        self.kv.truncate(r, r.num_computed_tokens)
-        if commit is not None:
-            commit(r)
+        request.num_computed_tokens = entry.start + appended  # the last token and the kept drafts (K/V written)
+        self.kv.truncate(request, request.num_computed_tokens)
+        return reason
+
+    def _accept_drafts(self, r: Request, s, targets: list, out: SchedulerOutput, finished: list, commit) -> None:
+        """`accept_drafts`, then what every drafted row records: the counters, the prefix cache, retirement."""
+        before = len(r.output_token_ids)
+        reason = self.accept_drafts(r, s, targets)
+        appended = len(r.output_token_ids) - before
+        drafts = s.draft_token_ids
+        kept = 0
+        while kept < min(len(drafts), appended) and drafts[kept] == r.output_token_ids[before + kept]:
+            kept += 1
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += kept
+        per_position = self.accepted_per_position
+        if len(per_position) < len(drafts):
+            per_position += [0] * (len(drafts) - len(per_position))
+        for i in range(kept):
+            per_position[i] += 1
         out.num_appended[r.request_id] = appended
         out.num_accepted_drafts += kept
+        if commit is not None:
+            commit(r)
         if reason is not None:
             self._retire(r, reason, finished)
 
