@@ -19,12 +19,13 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("speculative", ["none", "ngram"])
 @pytest.mark.parametrize("name,make,message", BAD, ids=[b[0] for b in BAD])
-def test_bad_request_is_refused_and_harms_no_one(small_model, name, make, message):
+def test_bad_request_is_refused_and_harms_no_one(small_model, name, make, message, speculative):
     model = small_model
     prompts = random_prompts(3, model.config.vocab_size, seed=5)
     expected = [model.generate(p, 8, stop_token_ids=[]) for p in prompts]
-    engine = _engine(model)
+    engine = _engine(model, speculative=speculative)
     ids = [engine.add_request(p, SamplingParams(max_tokens=8)) for p in prompts]
     engine.step()  # requests are in flight when the bad one arrives
     prompt, params = make(model.config.vocab_size)
@@ -64,6 +65,9 @@ def test_duplicate_request_id_and_unknown_abort(small_model):
     ("scheduler", "fifo", "scheduler must be 'continuous' or 'static'"),
     ("kv_layout", "ring", "kv_layout must be 'paged' or 'contiguous'"),
     ("admission", "yes", "admission must be 'none', 'reserve' or 'watermark'"),
+    ("speculative", "medusa", "speculative must be 'none', 'ngram' or 'draft'"),
+    ("num_speculative_tokens", 0, "num_speculative_tokens must be >= 1"),
+    ("spec_acceptance_rate", 1.5, r"spec_acceptance_rate must be within \[0, 1\]"),
 ])
 def test_bad_engine_config(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -77,11 +81,12 @@ def test_generate_validates_every_prompt_before_queuing_any(small_model):
     assert not engine.requests, "a refused batch must not leave half of itself queued"
 
 
-def test_abort_frees_pages_and_others_finish(small_model):
+@pytest.mark.parametrize("speculative", ["none", "ngram", "draft"])
+def test_abort_frees_pages_and_others_finish(small_model, speculative):
     model = small_model
     prompts = random_prompts(3, model.config.vocab_size, seed=6)
     expected = [model.generate(p, 10, stop_token_ids=[]) for p in prompts]
-    engine = _engine(model)
+    engine = _engine(model, speculative=speculative)
     ids = [engine.add_request(p, SamplingParams(max_tokens=10)) for p in prompts]
     victim = engine.add_request([7] * 20, SamplingParams(max_tokens=30))
     for _ in range(3):

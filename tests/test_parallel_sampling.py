@@ -50,13 +50,16 @@ def run_checked(engine, prompts, params):
 
 
 @pytest.mark.parametrize("forward", ["eager", "cpu"])
-@pytest.mark.parametrize("page_size,chunked,small_pool", [(4, True, False), (5, False, False), (4, True, True),
-                                                          (1, True, False)])
-def test_greedy_samples_each_equal_the_plain_greedy_answer(model, prompts, forward, page_size, chunked, small_pool):
+@pytest.mark.parametrize("page_size,chunked,small_pool,speculative", [
+    (4, True, False, "none"), (5, False, False, "none"), (4, True, True, "none"), (1, True, False, "none"),
+    # drafted decodes of forked samples: the first write into the shared last page copies it
+    (4, True, False, "ngram"), (5, True, True, "draft")])
+def test_greedy_samples_each_equal_the_plain_greedy_answer(model, prompts, forward, page_size, chunked, small_pool,
+                                                           speculative):
     expected = [model.generate(p, MAX_TOKENS, stop_token_ids=[]) for p in prompts]
     config = EngineConfig(page_size=page_size, max_num_seqs=12, max_num_batched_tokens=24 if chunked else 256,
                           enable_chunked_prefill=chunked, admission="none", forward=forward,
-                          num_pages=120 // page_size if small_pool else None)
+                          num_pages=120 // page_size if small_pool else None, speculative=speculative)
     engine = LLMEngine(model, config)
     outputs, shared = run_checked(engine, prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, n=4))
     for i, (out, want) in enumerate(zip(outputs, expected)):
