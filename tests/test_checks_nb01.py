@@ -52,7 +52,7 @@ RULE_OF = {
     "cached_feeds_stale_token": "greedy, row by row",
     "cached_eos_by_identity": "eos ends a row",
     "cached_extends_the_prompts": "inputs unchanged",
-    "padding_waste_decodes_max_steps": "prefill at the longest",
+    "padding_waste_decodes_max_steps": "decode until the longest",
     "padding_waste_prefill_only": "decode until the longest",
     "padding_waste_over_useful": "padding over all computed",
     "padding_waste_useful_fraction": "padding over all computed",

@@ -147,7 +147,7 @@ def _waste_broken_rule(p, o, got) -> tuple[str, str]:
     (the first cases each have padding of one kind only)."""
     b, pm, om = len(p), max(p), max(o)
     alternatives = [
-        ("prefill at the longest", "max(output_lens) decode steps; the prefill already samples the first "
+        ("decode until the longest", "max(output_lens) decode steps; the prefill already samples the first "
          "output token, so the batch decodes max(output_lens) - 1 steps",
          (b * (pm + om) - sum(p) - sum(o)) / (b * (pm + om))),
         ("prefill at the longest", "only the decode padding; the prefill pads every prompt to the longest too",
