@@ -19,7 +19,8 @@ ENTRIES = [(knob, name) for knob, names in OPTIONS.items() for name in names]
 SIMULATE_FLAGS = {"scheduler": "--scheduler", "kv_layout": "--kv", "admission": "--admission",
                   "preemption": "--preemption"}
 SERVE_FLAGS = {"scheduler": "--scheduler", "kv_layout": "--kv-layout", "admission": "--admission",
-               "preemption": "--preemption", "attention_backend": "--attention-backend", "forward": "--forward"}
+               "preemption": "--preemption", "attention_backend": "--attention-backend", "forward": "--forward",
+               "speculative": "--speculative"}
 
 
 def _simulate_help() -> str:
@@ -100,13 +101,16 @@ def test_every_command_line_lists_every_entry(capsys):
 
 
 def test_a_new_registry_entry_reaches_the_config_and_the_command_lines(monkeypatch, capsys):
-    """What "derived" means: add a name to the registry and EngineConfig accepts it, and simulate
-    and bench engine offer it, with no other list to edit."""
+    """What "derived" means: add a name to the registry and EngineConfig accepts it, and simulate,
+    serve and bench engine offer it, with no other list to edit."""
     for knob in OPTIONS:
         monkeypatch.setitem(OPTIONS, knob, (*OPTIONS[knob], f"new-{knob}"))
         assert getattr(EngineConfig(**{knob: f"new-{knob}"}), knob) == f"new-{knob}"
     simulate = _simulate_help()
     for knob, flag in SIMULATE_FLAGS.items():
         assert f"new-{knob}" in _listed(simulate, flag), f"simulate {flag} does not take its choices from OPTIONS"
+    serve = _serve_help()
+    for knob, flag in SERVE_FLAGS.items():
+        assert f"new-{knob}" in _listed(serve, flag), f"serve {flag} does not take its choices from OPTIONS"
     bench = _bench_engine_help(capsys)
     assert "new-attention_backend" in _listed(bench, "--attention") and "new-forward" in _listed(bench, "--forward")

@@ -132,6 +132,8 @@ def test_vllm_names_have_vllms_types_and_the_served_model_label(client):
         assert labels.get("model_name") == model and labels.get("engine") == "0", (name, labels)
     for reason in ("stop", "length", "abort", "error"):  # every series exists from the start, as in vLLM
         assert s.get("vllm:request_success_total", finished_reason=reason) >= 0
+    # as vLLM, the spec-decode counters only where the engine speculates (test_serve_speculative.py)
+    assert not [name for name in s.types if name.startswith("vllm:spec_decode")]
     # the course_lib_* names are all still there
     for name in ("course_lib_num_requests_running", "course_lib_kv_pages_used", "course_lib_kv_pages_free",
                  "course_lib_kv_pages_total", "course_lib_preemptions_total", "course_lib_prefix_cache_hit_tokens",

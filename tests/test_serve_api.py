@@ -1,6 +1,8 @@
 """The OpenAI-compatible server: answers equal the engine's, errors are OpenAI-shaped and name the
 limit, a full queue says 429, a client that leaves frees its pages, and the official `openai`
-client works against it. Each server runs in a thread on a free loopback port and is stopped."""
+client works against it; the 16-seat server's tests run with speculative decoding on too (n-gram
+and draft-model drafters), expecting the answers of the engine without it. Each server runs in a
+thread on a free loopback port and is stopped."""
 from __future__ import annotations
 
 import json
@@ -24,10 +26,16 @@ def tiny():
     return load_tiny()
 
 
-@pytest.fixture(scope="module")
-def server(tiny):
+# Every test of `server` runs without speculation and with each drafter (course_lib/spec): the answers
+# must still be the engine's without it (serve_support.in_process), token for token.
+SPECULATION = {"none": {}, "ngram": dict(speculative="ngram", num_speculative_tokens=3),
+               "draft": dict(speculative="draft", num_speculative_tokens=3, draft_layers=2)}
+
+
+@pytest.fixture(scope="module", params=list(SPECULATION), ids=[f"spec={k}" for k in SPECULATION])
+def server(tiny, request):
     model, tokenizer = tiny
-    with ServerThread(LLMEngine(model, EngineConfig(max_num_seqs=16)), tokenizer) as srv:
+    with ServerThread(LLMEngine(model, EngineConfig(max_num_seqs=16, **SPECULATION[request.param])), tokenizer) as srv:
         yield srv
 
 
@@ -69,6 +77,18 @@ def test_completion_equals_the_engine_in_process(client, tiny, text):
     assert body["object"] == "text_completion" and body["model"] == "tiny"
     assert body["usage"]["completion_tokens"] == len(expected)
     assert body["usage"]["prompt_tokens"] == len(tiny[1].encode_prompt(text))
+
+
+def test_a_speculating_server_drafts_and_keeps_some(client, server):
+    """The speculative variants do speculate (else they would only repeat the plain one)."""
+    config, scheduler = server.loop.engine.config, server.loop.engine.scheduler
+    if config.speculative == "none":
+        assert scheduler.drafter is None
+        return
+    before = (scheduler.num_drafts, scheduler.num_accepted_tokens)
+    r = client.post("/v1/completions", json={"prompt": "countdown: 36", "max_tokens": 40, "temperature": 0})
+    assert r.status_code == 200, r.text  # (answered after the step that counted its drafts)
+    assert scheduler.num_drafts > before[0] and scheduler.num_accepted_tokens > before[1]
 
 
 def test_streaming_gives_the_same_tokens_then_usage_and_done(client, tiny):

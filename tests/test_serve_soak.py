@@ -3,7 +3,9 @@ mid-stream and 10% of which are malformed, against a pool small enough to preemp
 well-formed ones ask for n = 2 or 3 greedy samples (sharing their prompt's pages) and a fifth end at
 a stop string. Every well-formed request gets, in every choice, exactly the greedy tokens the engine
 gives in process (cut at the stop string, when one appears); every malformed one an OpenAI error;
-afterwards no page is leaked and the server still answers."""
+afterwards no page is leaked and the server still answers. Once without speculative decoding and
+once with each drafter (the draft model's run with 400 requests), always expecting the answers of
+the engine without it."""
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +35,10 @@ MALFORMED = [
 ]
 
 
-def make_jobs(tokenizer, seed: int = 0) -> list[dict]:
+def make_jobs(tokenizer, seed: int = 0, num_requests: int = NUM_REQUESTS) -> list[dict]:
     rng = random.Random(seed)
     jobs = []
-    for i in range(NUM_REQUESTS):
+    for i in range(num_requests):
         kind = "good" if i % 10 < 8 else ("leave" if i % 10 == 8 else "bad")
         text, _ = sample_task(rng)
         jobs.append({"kind": kind, "prompt": tokenizer.encode_prompt(text), "max_tokens": rng.randint(2, 10),
@@ -90,15 +92,28 @@ async def soak(url: str, jobs: list[dict]) -> list[dict]:
     return results
 
 
+# The server's engine without speculation, and with each drafter, and how many requests each run sends;
+# the expected answers are always the engine's without speculation, so the speculative runs prove greedy
+# parity under load, hang-ups, garbage and n > 1. The draft model drafts by rerunning each sequence
+# through its layers (no KV cache of its own): its run sends fewer requests, the same mix.
+SPECULATION = {"none": ({}, NUM_REQUESTS),
+               "ngram": (dict(speculative="ngram", num_speculative_tokens=3), NUM_REQUESTS),
+               "draft": (dict(speculative="draft", num_speculative_tokens=3, draft_layers=2), 400)}
+
+
 @pytest.mark.slow
-def test_soak_thousand_requests_with_hangups_and_garbage():
+@pytest.mark.parametrize("speculation", list(SPECULATION))
+def test_soak_thousand_requests_with_hangups_and_garbage(speculation):
+    knobs, num_requests = SPECULATION[speculation]
     model, tokenizer = load_tiny(dtype=torch.float64)  # float64: greedy ties cannot flip between batchings
-    jobs = make_jobs(tokenizer)
+    jobs = make_jobs(tokenizer, num_requests=num_requests)
+    kinds = {j["kind"] for j in jobs}
+    assert kinds == {"good", "leave", "bad"} and any(j["n"] > 1 for j in jobs if j["kind"] == "good")
     good = [j for j in jobs if j["kind"] == "good"]
     expected = LLMEngine(model, EngineConfig(**CONFIG)).generate(
         [j["prompt"] for j in good], [SamplingParams(max_tokens=j["max_tokens"]) for j in good])
 
-    with ServerThread(LLMEngine(model, EngineConfig(**CONFIG)), tokenizer) as srv:
+    with ServerThread(LLMEngine(model, EngineConfig(**CONFIG, **knobs)), tokenizer) as srv:
         started = time.monotonic()
         results = asyncio.run(soak(srv.url, jobs))
         elapsed = time.monotonic() - started
@@ -111,6 +126,8 @@ def test_soak_thousand_requests_with_hangups_and_garbage():
         engine.pool.check_invariants()
         leftover = len(engine.requests) + len(engine.groups)
         preemptions = srv.loop.stats["num_preemptions"]
+        scheduler = engine.scheduler
+        drafted = (scheduler.num_drafts, scheduler.num_draft_tokens, scheduler.num_accepted_tokens)
 
     answers = iter(expected)
     mismatches = []
@@ -129,7 +146,10 @@ def test_soak_thousand_requests_with_hangups_and_garbage():
     assert pool_after[0] == pool_after[1], f"pages leaked: {pool_after[1] - pool_after[0]} of {pool_after[1]}"
     assert leftover == 0, f"the engine still holds {leftover} request records"
     assert health == 200
-    print(f"soak: {NUM_REQUESTS} requests in {elapsed:.1f} s, {preemptions} preemptions")
+    if speculation != "none":  # it did speculate, and kept some drafts
+        assert drafted[0] > 0 and drafted[2] > 0, drafted
+    print(f"soak ({speculation}): {num_requests} requests in {elapsed:.1f} s, {preemptions} preemptions; "
+          f"drafts, draft tokens, accepted: {drafted}")
 
 
 def _expected_choice(tokenizer, want, stop: str | None) -> tuple:

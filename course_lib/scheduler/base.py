@@ -65,6 +65,7 @@ class SchedulerBase:
         self._forking: dict[str, Request] = {}  # sample 0 of each group whose siblings are still unborn
         # Speculative decoding (set by the engine): the drafter, or None (off); drafts and kept drafts so far.
         self.drafter = None
+        self.num_drafts = 0  # drafted rows (a request's 1 + k tokens in one step): vLLM's spec_decode_num_drafts
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_position: list[int] = []  # [i]: drafted rows whose draft i + 1 was kept
@@ -331,6 +332,7 @@ class SchedulerBase:
         kept = 0
         while kept < min(len(drafts), appended) and drafts[kept] == r.output_token_ids[before + kept]:
             kept += 1
+        self.num_drafts += 1
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += kept
         per_position = self.accepted_per_position

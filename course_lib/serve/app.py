@@ -32,7 +32,7 @@ from starlette.routing import Route
 from .choices import choice_events, collect_choices
 from .engine_loop import ACCEPTED, EngineLoop, RequestStream
 from .dashboard import PAUSED_DETAIL, paused_metric
-from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .metrics import CONTENT_TYPE_LATEST, ServerMetrics, speculative_positions
 from .protocol import APIError, error_body, finish_reason, param_of_engine_error, parse_json, parse_request
 from .request_body import body_too_large, declared_too_large, limit_body
 from .stop_strings import AnswerText
@@ -403,6 +403,6 @@ def make_app(state: ServeState, dashboard: bool = True):
 def build_server_state(engine, tokenizer, model_name: str = "tiny", max_waiting: int | None = None,
                        metrics: bool = True) -> ServeState:
     """An engine loop (started) around `engine`, and the state the app serves it with."""
-    server_metrics = ServerMetrics(model_name) if metrics else None
+    server_metrics = ServerMetrics(model_name, speculative_positions(engine.config)) if metrics else None
     loop = EngineLoop(engine, max_waiting=max_waiting, metrics=server_metrics).start()
     return ServeState(loop, tokenizer, model_name, engine.max_model_len)

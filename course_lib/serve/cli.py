@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-model-len", type=int, default=None, help="default: the model's context")
     e.add_argument("--seed", type=int, default=0, help="for unseeded sampled requests")
     e.add_argument("--record-page-owners", action="store_true", help="keep a page map per step in step_stats")
+    e.add_argument("--speculative", choices=OPTIONS["speculative"], default=EngineConfig.speculative,
+                   help="speculative decoding: who drafts the next tokens of a decoding request (ngram: prompt "
+                        "lookup; draft: the model's first --draft-layers layers); none: off")
+    e.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens, metavar="K",
+                   help="at most this many draft tokens per request and step (with --speculative)")
+    e.add_argument("--draft-layers", type=int, default=EngineConfig.draft_layers, metavar="L",
+                   help="with --speculative draft: the draft model is the model's first L layers (fewer than it has)")
     p.set_defaults(served_model_names=[])
     return p
 
@@ -105,7 +112,8 @@ def engine_config_from_args(args):
         admission=args.admission, watermark=args.watermark, preemption=args.preemption,
         enable_chunked_prefill=not args.no_chunked_prefill, enable_prefix_caching=args.prefix_caching,
         attention_backend=args.attention_backend, forward=args.forward, max_model_len=args.max_model_len,
-        seed=args.seed, record_page_owners=args.record_page_owners)
+        seed=args.seed, record_page_owners=args.record_page_owners, speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens, draft_layers=args.draft_layers)
 
 
 def config_flags(config) -> list[str]:
@@ -115,7 +123,9 @@ def config_flags(config) -> list[str]:
              "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--scheduler", config.scheduler,
              "--kv-layout", config.kv_layout, "--admission", config.admission, "--watermark", str(config.watermark),
              "--preemption", config.preemption, "--attention-backend", config.attention_backend,
-             "--forward", config.forward, "--seed", str(config.seed)]
+             "--forward", config.forward, "--seed", str(config.seed), "--speculative", config.speculative,
+             "--num-speculative-tokens", str(config.num_speculative_tokens),
+             "--draft-layers", str(config.draft_layers)]
     for flag, value in (("--num-pages", config.num_pages), ("--max-model-len", config.max_model_len)):
         if value is not None:
             flags += [flag, str(value)]
@@ -171,9 +181,11 @@ def main(argv=None) -> int:
     for flag in ("stream_interval_ms", "stream_chunks_per_s"):
         if not getattr(args, flag) >= 0:  # NaN too
             parser.error(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
-    for flag in ("port", "threads", "burst_max_tokens", "stream_min_tokens"):
-        if getattr(args, flag) < (0 if flag == "port" else 1):
-            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    # (--draft-layers: the engine checks it against the model's layers, and names both limits)
+    for flag in ("port", "threads", "burst_max_tokens", "stream_min_tokens", "num_speculative_tokens"):
+        low = 0 if flag == "port" else 1
+        if getattr(args, flag) < low:
+            parser.error(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
     try:
         import uvicorn  # noqa: F401
         import starlette  # noqa: F401

@@ -277,7 +277,11 @@ class EngineLoop:
         if action == "inject":
             return self.inject(*args)
         if action == "metrics":
-            return None if self.metrics is None else self.metrics.render(self.engine.stats(), self.num_steps)
+            if self.metrics is None:
+                return None
+            from .metrics import speculation_totals
+
+            return self.metrics.render(self.engine.stats(), self.num_steps, speculation_totals(self.engine.scheduler))
         raise ValueError(f"unknown engine control {action!r}")
 
     # ------------------------------------------------------------------ the loop

@@ -188,9 +188,10 @@ def engine_main(commands, outputs, args) -> None:
     """The engine process: build the engine, say ready, then obey the command pipe until it closes."""
     try:
         engine, tokenizer, name = build_engine(args)
-        from .metrics import ServerMetrics
+        from .metrics import ServerMetrics, speculative_positions
 
-        loop = PipedEngineLoop(engine, commands, outputs, max_waiting=args.max_waiting, metrics=ServerMetrics(name))
+        metrics = ServerMetrics(name, speculative_positions(engine.config))
+        loop = PipedEngineLoop(engine, commands, outputs, max_waiting=args.max_waiting, metrics=metrics)
     except Exception as err:  # the API process tells the user, as the command line would
         write_frame(outputs.fileno(), ("failed", str(err) if isinstance(err, ValueError) else
                                        f"{type(err).__name__}: {err}"))

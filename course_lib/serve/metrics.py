@@ -7,7 +7,8 @@
 When things are measured follows vLLM's V1 engine: per step, the tokens generated, each request's
 first token (TTFT, and its prompt tokens) and the gap since its previous token (ITL); per finished
 request, its end-to-end, queue, prefill, decode and per-token times. Counters the engine keeps
-itself (preemptions, steps, prefix-cache lookups) advance to the engine's totals at each scrape.
+itself (preemptions, steps, prefix-cache lookups, speculative drafts and accepted tokens) advance to
+the engine's totals at each scrape.
 
 Everything lives with the engine's loop (a thread, or the engine process) and runs on its thread:
 counters and histograms are updated between steps, and a scrape asks the loop to render the text
@@ -71,8 +72,24 @@ class FastHistogram:
         return self.collect()
 
 
+def speculative_positions(config) -> int:
+    """How many draft positions an engine with this EngineConfig counts: its num_speculative_tokens
+    when it speculates, else 0 (no spec-decode metrics, as vLLM registers none without a speculative
+    config)."""
+    return config.num_speculative_tokens if config.speculative != "none" else 0
+
+
+def speculation_totals(scheduler) -> dict:
+    """The scheduler's speculative-decoding counts since the start (SchedulerBase keeps them)."""
+    return {"num_drafts": scheduler.num_drafts, "num_draft_tokens": scheduler.num_draft_tokens,
+            "num_accepted_tokens": scheduler.num_accepted_tokens,
+            "accepted_per_position": list(scheduler.accepted_per_position)}
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, num_speculative_tokens: int = 0):
+        """`num_speculative_tokens`: the engine's draft positions (`speculative_positions`), 0 when it
+        does not speculate."""
         self.registry = r = CollectorRegistry()
         self._last_token_at: dict = {}  # request id -> engine time of its latest token (ITL)
         self._seen: dict = {}  # engine totals already added to a counter, by key
@@ -109,7 +126,8 @@ class ServerMetrics:
             "vllm:time_to_first_token_seconds": "Arrival to first token, observed when the first token is out."})
         self.v_itl = histogram(TOKEN_GAP_BUCKETS, **{
             "vllm:inter_token_latency_seconds": "Gap between a request's consecutive tokens (one sample per "
-                                                "token after the first).",
+                                                "step that gives the request tokens after its first: one per "
+                                                "token, unless speculation gives several in a step).",
             "vllm:time_per_output_token_seconds": "The same samples as vllm:inter_token_latency_seconds, under "
                                                   "vLLM's older name (DEPRECATED there)."})
         self.v_request_tpot = histogram(TOKEN_GAP_BUCKETS, **{
@@ -132,6 +150,25 @@ class ServerMetrics:
         self.v_request_max_tokens = histogram(TOKEN_COUNT_BUCKETS, **{
             "vllm:request_max_num_generation_tokens": "Per finished request: the most tokens it could have had "
                                                       "(max_tokens)."})
+        # Speculative decoding, as vLLM's SpecDecodingProm: registered only when the engine speculates, one
+        # per-position series for each of the k positions from the start (label "0" is the first draft).
+        # Acceptance rate = accepted / draft tokens; mean tokens per drafted step = 1 + accepted / drafts.
+        self.v_spec = None
+        if num_speculative_tokens > 0:
+            self.v_spec = {
+                "num_drafts": counter("vllm:spec_decode_num_drafts", "Drafted rows: a request's last token "
+                                      "and its draft tokens checked in one step (--speculative only)."),
+                "num_draft_tokens": counter("vllm:spec_decode_num_draft_tokens", "Draft tokens checked by the "
+                                            "target model (--speculative only)."),
+                "num_accepted_tokens": counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens the target "
+                                               "model accepted (--speculative only)."),
+            }
+            per_position = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by "
+                                   "position (0: the first draft after the request's last token; a draft is "
+                                   "accepted only when every draft before it is; --speculative only).",
+                                   [*v, "position"], registry=r)
+            self.v_spec["accepted_per_position"] = [per_position.labels(**v, position=str(i))
+                                                    for i in range(num_speculative_tokens)]
 
         # -- course_lib's names (a contract: names, types and labels as they were) ---------------
         self.running = Gauge("course_lib_num_requests_running", "Requests holding a batch seat", registry=r)
@@ -246,7 +283,9 @@ class ServerMetrics:
         self.v_success[VLLM_FINISH_REASONS.get(reason, "error")].inc()
 
     # -- scrape ----------------------------------------------------------------------------------
-    def render(self, stats: dict, num_steps: int) -> bytes:
+    def render(self, stats: dict, num_steps: int, speculation: dict | None = None) -> bytes:
+        """The text of /metrics: `stats` the engine's (LLMEngine.stats()), `speculation` its scheduler's
+        totals (`speculation_totals`), read only when the engine speculates."""
         usage = stats["pages_used"] / stats["num_pages"] if stats["num_pages"] else 0.0
         for running, waiting in ((self.running, self.waiting), (self.v_running, self.v_waiting)):
             running.set(stats["num_running"])
@@ -266,6 +305,11 @@ class ServerMetrics:
                                 ((self.pages_forked,), stats.get("forked_pages", 0)),
                                 ((self.pages_copied,), stats.get("copied_pages", 0))):
             self._advance(counters, total)
+        if self.v_spec is not None and speculation is not None:
+            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+                self._advance((self.v_spec[key],), speculation[key])
+            for counter, total in zip(self.v_spec["accepted_per_position"], speculation["accepted_per_position"]):
+                self._advance((counter,), total)
         return generate_latest(self.registry)
 
     def _advance(self, counters, total) -> None:
@@ -282,7 +326,7 @@ class ServerMetrics:
 def metric_rows(model_name: str = "MODEL") -> list[tuple[str, str, str, str]]:
     """(name as scraped, type, labels, meaning) of every metric, in the order /metrics lists them."""
     rows = []
-    for family in ServerMetrics(model_name).registry.collect():
+    for family in ServerMetrics(model_name, num_speculative_tokens=1).registry.collect():  # every name
         name = family.name + "_total" if family.type == "counter" else family.name
         labels = sorted({key for sample in family.samples for key in sample.labels if key != "le"})
         rows.append((name, family.type, ", ".join(labels), family.documentation))
