@@ -66,6 +66,33 @@ def test_each_pool_rule_is_named_by_its_message(mutant):
     assert message and RULE_MESSAGES[mutant] in message, message
 
 
+class _EvictHookOn(reference.StudentBlockPool):
+    def __init__(self, num_pages, page_size):
+        super().__init__(num_pages, page_size)
+        self.on_evict = lambda page: None
+
+
+class _NoIsCachedHook(reference.StudentBlockPool):
+    def __init__(self, num_pages, page_size):
+        super().__init__(num_pages, page_size)
+        del self.is_cached
+
+
+class _PageFiveCached(reference.StudentBlockPool):
+    def __init__(self, num_pages, page_size):
+        super().__init__(num_pages, page_size)
+        self.is_cached = lambda page: page == 5
+
+
+@pytest.mark.parametrize("pool", [_EvictHookOn, _NoIsCachedHook, _PageFiveCached], ids=lambda c: c.__name__)
+def test_one_message_names_both_hook_defaults(pool):
+    """Whichever hook starts wrong, the message states both defaults: the blind trial met them one run
+    at a time."""
+    message = verdict("StudentBlockPool", pool, 0)
+    assert message and 'Rule "hooks start off"' in message, message
+    assert "self.on_evict = None" in message and "self.is_cached = lambda page: False" in message, message
+
+
 # The flat batch's rules, each pinned to the mutant that breaks it alone and the words of its message.
 FLAT_BATCH_MESSAGES = {
     "flat_positions_off_by_one": "Off by one",

@@ -156,19 +156,48 @@ def _expect_rejected_free(m, pages, what):
     m.log.append(f"{what} (rejected)")
 
 
+_MISSING = object()
+HOOKS_OFF = "self.on_evict = None and self.is_cached = lambda page: False"
+
+
+def _expect_hooks_off(pool, num_pages=8):
+    """Both prefix-cache hooks start off. One message names both defaults, whichever of them is wrong:
+    a student who fixes the one named should not meet the other on the next run."""
+    wrong = []
+    on_evict = getattr(pool, "on_evict", _MISSING)
+    if on_evict is _MISSING:
+        wrong.append("it has no attribute on_evict")
+    elif on_evict is not None:
+        wrong.append("its on_evict is not None")
+    is_cached = getattr(pool, "is_cached", _MISSING)
+    if is_cached is _MISSING:
+        wrong.append("it has no attribute is_cached")
+    elif not callable(is_cached):
+        wrong.append("its is_cached is not callable")
+    else:
+        for page in range(num_pages):
+            try:
+                cached = is_cached(page)
+            except (NotImplementedError, AssertionError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - anything the student's code raises
+                wrong.append(f"its is_cached({page}) raised {describe_exception(exc)}")
+                break
+            if cached:
+                wrong.append(f"its is_cached({page}) is true on a new pool")
+                break
+    expect(not wrong, lambda: f"a new StudentBlockPool({num_pages}, 4) must start with both prefix-cache hooks off: "
+                              f"{HOOKS_OFF} (notebook 6's cache replaces both), but " + " and ".join(wrong),
+           rule="hooks start off")
+
+
 def _walkthrough(impl):
     m = _PoolModel(impl, 8, 4)
     pool = m.pool
     expect(getattr(pool, "num_pages", None) == 8 and getattr(pool, "page_size", None) == 4,
            "StudentBlockPool(8, 4) must store num_pages=8 and page_size=4 as attributes (the engine reads them)",
            rule="the books")
-    expect(getattr(pool, "on_evict", "missing") is None,
-           "StudentBlockPool must start with the hook on_evict = None (the prefix cache sets it later)",
-           rule="hooks start off")
-    is_cached = getattr(pool, "is_cached", None)
-    expect(callable(is_cached) and not is_cached(0),
-           "StudentBlockPool must start with the hook is_cached = lambda page: False (the prefix cache sets it later)",
-           rule="hooks start off")
+    _expect_hooks_off(pool)
     m.verify("StudentBlockPool(8, 4)")
     a = m.allocate(3, "request A arrives")
     b = m.allocate(5, "request B takes the last 5 free pages")
