@@ -118,12 +118,38 @@ def test_plots(tmp_path):
     (["--scheduler", "fifo"], "invalid choice"),
     (["--shared-prefix", "5000"], "leaves no room"),
     (["--trace", "/nonexistent/trace.jsonl"], "--trace"),
+    (["--speculative", "-1"], "--speculative must be >= 0"),
+    (["--acceptance-rate", "0.5"], "apply to --speculative K > 0 only"),
+    (["--speculative", "2", "--acceptance-rate", "1.5"], "--acceptance-rate must be a probability"),
+    (["--speculative", "2", "--drafter", "draft"], "needs --runner model"),
+    (["--speculative", "2", "--scheduler", "static"], "--speculative needs --scheduler continuous"),
+    (["--speculative", "2", "--runner", "model", "--acceptance-rate", "0.5"], "the model decides"),
 ])
 def test_bad_flags_fail_clearly(flags, message, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main([*flags, "--no-progress"])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_speculative_runs_beside_the_run_without(tmp_path, capsys):
+    data = run_cli(tmp_path, "--users", "2", "--requests", "6", "--speculative", "3", "--acceptance-rate", "0.8")
+    check_contract(data)
+    engine = data["config"]["engine"]
+    assert (engine["speculative"], engine["num_speculative_tokens"], engine["spec_acceptance_rate"]) == ("ngram", 3, 0.8)
+    plain = data["without_speculation"]
+    assert plain["requests_completed"] == data["requests_completed"] == 6
+    assert plain["output_tokens"] == data["output_tokens"]  # the same workload, the same answers' lengths
+    assert plain["spec_draft_tokens"] == 0 < data["spec_draft_tokens"]
+    # 0.8 per draft, 3 drafts: (0.8 + 0.64 + 0.512) / 3 = 65% kept (fewer drafts near a request's end).
+    assert data["spec_acceptance_rate"] == pytest.approx(0.65, abs=0.06)
+    assert data["tokens_per_drafted_step"] == 1 + data["spec_accepted_tokens"] / data["spec_num_drafts"]
+    assert 2.0 < data["tokens_per_drafted_step"] <= 4.0
+    assert data["tpot_s"]["p50"] < plain["tpot_s"]["p50"]  # 2 users: memory-bound, drafts nearly free
+    out = capsys.readouterr().out
+    assert "continuous + paged + ngram k=3" in out and "draft acceptance" in out and "tokens / drafted step" in out
+    assert "with / without speculation: TPOT p50 x" in out
+    assert "without_speculation" not in run_cli(tmp_path, "--users", "2", "--requests", "4")
 
 
 def test_kv_tokens_error_names_the_limit(capsys):
@@ -138,7 +164,8 @@ def test_subcommand_routing_and_help():
                          timeout=120)
     assert out.returncode == 0
     for flag in ("--users", "--rate", "--requests", "--scheduler", "--kv", "--page-size", "--kv-tokens",
-                 "--admission", "--prefix-caching", "--shared-prefix", "--runner", "--clock", "--seed", "--json"):
+                 "--admission", "--prefix-caching", "--shared-prefix", "--runner", "--clock", "--seed", "--json",
+                 "--speculative", "--acceptance-rate"):
         assert flag in out.stdout, flag
 
 

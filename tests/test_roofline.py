@@ -145,3 +145,72 @@ def test_more_tokens_never_cost_less(tokens, extra, ctx):
     b = roofline_cost(H100, LLAMA_8B, num_tokens=tokens + extra, attention_context_tokens=ctx, kv_tokens_read=ctx)
     assert b.total_s >= a.total_s
     assert a.total_s == pytest.approx(max(a.compute_s, a.memory_s) + a.overhead_s)
+
+
+# --------------------------------------------------------------------------- speculative decoding
+def test_expected_tokens_per_drafted_step_by_hand():
+    from course_lib.sim.speculative import expected_tokens_per_step
+
+    assert expected_tokens_per_step(0.7, 3) == pytest.approx(1 + 0.7 + 0.49 + 0.343)  # 2.533
+    assert expected_tokens_per_step(0.0, 5) == 1.0  # every draft rejected: the target's own token only
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.5, 0) == 1.0
+    with pytest.raises(ValueError, match="acceptance_rate"):
+        expected_tokens_per_step(1.5, 3)
+
+
+def test_a_drafted_step_is_priced_as_1_plus_k_tokens_reading_each_sequence_once():
+    """The engine records a drafted decode as 1 + k tokens whose queries share one K/V read of their
+    sequence, and the simulated clock prices exactly those counts (sim/speculative.decode_step_counts)."""
+    from course_lib.engine import LLMEngine
+    from course_lib.engine_config import EngineConfig
+    from course_lib.scheduler.sampling import SamplingParams
+    from course_lib.sim.speculative import decode_step_cost, decode_step_counts
+
+    batch, k = 4, 3
+    # The scripted runner answers 3 (its filler) first: each prompt has "3 4 5 6" to look up, so the
+    # n-gram drafter proposes 4 5 6 at the first decode.
+    prompts = [[7 + i, 3, 4, 5, 6, 8 + i, 9, 10, 11, 12] for i in range(batch)]
+    context = len(prompts[0])
+    clock = SimulatedClock("H100", "llama-3-8b")
+    engine = LLMEngine(ModelConfig(vocab_size=50, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+                                   num_kv_heads=1, max_position_embeddings=64, eos_token_id=2),
+                       EngineConfig(speculative="ngram", num_speculative_tokens=k, max_num_batched_tokens=256),
+                       clock=clock)
+    for p in prompts:
+        engine.add_request(p, SamplingParams(max_tokens=30), scripted_output_len=30)
+    engine.step()  # every prefill, and each request's first token
+    assert engine.step_stats[-1].num_prefill_tokens == batch * context
+    engine.step()
+    drafted = engine.step_stats[-1]
+    want = decode_step_counts(batch, context, k)
+    got = {key: getattr(drafted, key) for key in want}
+    assert got == want
+    assert drafted.num_prefill_tokens == 0 and drafted.num_accepted_tokens <= drafted.num_draft_tokens
+    # KV read once per sequence: batch x (context + 1 + k), not batch x (1 + k) x context.
+    assert drafted.context_tokens_read == batch * (context + 1 + k)
+    assert clock.last_cost.total_s == pytest.approx(decode_step_cost(batch, context, k).total_s)
+    # ... and nearly the price of a plain decode step: both read the same 16 GB of weights.
+    plain = decode_step_cost(batch, context, 0)
+    assert plain.total_s < clock.last_cost.total_s < 1.01 * plain.total_s
+
+
+def test_speculation_pays_while_decode_is_memory_bound_and_stops_once_compute_bound():
+    from course_lib.sim.speculative import compare_decode, crossing_batch
+
+    context = 500
+    for batch in (1, 2, 4):
+        c = compare_decode(batch, context)
+        assert c["plain"]["bound"] == c["speculative"]["bound"] == "memory"
+        assert c["speculative"]["tpot_s"] < 0.5 * c["plain"]["tpot_s"]  # ~2.5 tokens a step for ~the same step
+    crossing = crossing_batch(context)
+    assert crossing is not None and crossing > 4
+    at, before = compare_decode(crossing, context), compare_decode(crossing - 1, context)
+    assert at["gain"] <= 1.0 < before["gain"]
+    assert at["speculative"]["bound"] == "compute"  # 1 + k rows per request fill the GPU's arithmetic
+    # More drafts reach the compute roof sooner. A longer context reaches it later, or never: each
+    # sequence's K/V read grows with it and keeps even a big batch memory-bound (at 1,000 tokens of
+    # Llama-3-8B context an H100 never gets there).
+    assert crossing_batch(context, num_speculative_tokens=7) < crossing
+    assert crossing_batch(context // 2) < crossing
+    assert crossing_batch(2 * context, max_batch=2048) is None

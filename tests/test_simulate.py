@@ -196,3 +196,62 @@ def test_model_runner_with_a_tokenizer_serves_task_prompts(one_thread):
         assert r.prompt_token_ids == tokenizer.encode_prompt(text)
         assert text.split(":")[0] in ("max", "reverse", "sort", "spell", "repeat", "count")
         assert 1 <= len(r.token_ids) <= 8
+
+
+# --------------------------------------------------------------------------- speculative decoding
+PROMPT, OUTPUT = 64, 128  # fixed lengths: B users are B requests decoding together, round after round
+
+
+def _speculation_run(users, speculative):
+    spec = dict(speculative="ngram", num_speculative_tokens=3, spec_acceptance_rate=0.7) if speculative else {}
+    config = make_engine_config(kv_tokens=users * (PROMPT + OUTPUT + 64) + 4096, max_num_seqs=users,
+                                max_num_batched_tokens=8192, **spec)
+    workload = ClosedLoopUsers(users, 2 * users, LengthDist.fixed(PROMPT), LengthDist.fixed(OUTPUT), seed=0)
+    return simulate(config, workload, progress=False, max_tokens=OUTPUT)  # the default clock: H100, Llama-3-8B
+
+
+def test_speculation_reports_its_acceptance_and_tokens_per_step():
+    result = _speculation_run(4, speculative=True)
+    s = result.summary
+    _ended_properly(result, 8)
+    assert all(len(r.token_ids) == OUTPUT for r in result.requests)  # drafts never change what is produced
+    assert s["spec_draft_tokens"] > 0 and s["spec_num_drafts"] > 0
+    # Each draft kept with probability 0.7 until the first miss: (0.7 + 0.49 + 0.343) / 3 = 51% of the
+    # drafts, 2.53 tokens per drafted step (the scripted runner's draws are seeded: same every run).
+    assert s["spec_acceptance_rate"] == pytest.approx(0.511, abs=0.04)
+    assert s["tokens_per_drafted_step"] == pytest.approx(2.533, abs=0.12)
+    assert 1.0 < s["tokens_per_decode_step"] <= s["tokens_per_drafted_step"]
+    plain = _speculation_run(4, speculative=False).summary
+    assert plain["spec_draft_tokens"] == plain["spec_num_drafts"] == 0
+    assert plain["tokens_per_decode_step"] == 1.0 and plain["tokens_per_drafted_step"] == 0.0
+    assert s["num_steps"] < plain["num_steps"]
+
+
+def test_speculation_stops_paying_once_the_batch_is_compute_bound():
+    """The chapter's lesson on the simulated H100: drafting 3 tokens cuts TPOT at 1-4 users (decode is
+    memory-bound, the extra rows are nearly free), and there is a batch size from which it costs
+    throughput (1 + k rows per request make the step compute-bound). Where it lies is not fixed
+    here; that it exists, that the steps there are compute-bound, and that the steady-state roofline
+    (sim/speculative.crossing_batch) puts it in the same bracket are."""
+    from course_lib.sim.roofline import cost_of_step
+    from course_lib.sim.speculative import crossing_batch
+
+    gains, crossing = {}, None
+    for users in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        plain, spec = _speculation_run(users, False), _speculation_run(users, True)
+        if users <= 4:
+            assert spec.summary["tpot_s"]["p50"] < 0.5 * plain.summary["tpot_s"]["p50"], users
+        gains[users] = spec.summary["throughput_tok_s"] / plain.summary["throughput_tok_s"]
+        if gains[users] <= 1.0:
+            crossing = users
+            break
+    assert crossing is not None, f"speculation still paid at every batch size: {gains}"
+    assert crossing > 4 and all(g > 1.0 for u, g in gains.items() if u < crossing), gains
+    decode_steps = [s for s in spec.steps if s.num_draft_tokens and not s.num_prefill_tokens]
+    costs = [cost_of_step(s, "H100", "llama-3-8b") for s in decode_steps]
+    compute_s = sum(c.total_s for c in costs if c.bound == "compute")
+    assert compute_s > 0.5 * sum(c.total_s for c in costs)
+    # The steady-state model at the mean decode context (prompt + half the answer) crosses in the same
+    # bracket of the sweep.
+    previous = max(u for u in gains if u < crossing)
+    assert previous < crossing_batch(PROMPT + OUTPUT // 2) <= crossing

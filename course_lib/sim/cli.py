@@ -13,10 +13,23 @@ The KV memory is `--kv-tokens` slots: `--kv-tokens // --page-size` pages when pa
 contiguous layout reserves `--max-model-len` slots per running request out of the same memory.
 With the simulated clock, time is the roofline cost of each step on `--gpu` for a model of
 `--model-shape`; with `--clock wall` it is what this machine did.
+
+`--speculative K` drafts K tokens per decode step (n-gram prompt lookup, or `--drafter draft`
+with the model runner) and checks them in the same forward pass: the table then shows the run
+without speculation beside it, on the same workload, with the draft acceptance rate and the
+tokens each request gains per step. The scripted runner has no model to agree with the drafts:
+it keeps each one with probability `--acceptance-rate` (default 0.7), given it kept the ones
+before, so k drafts yield 1 + a + ... + a^k tokens per drafted step (2.53 for k = 3, a = 0.7)
+and an acceptance rate (kept / drafted) of (a + ... + a^k) / k (51% there). The simulated clock
+charges a drafted step its 1 + k tokens per request and nothing for drafting itself (free for
+n-gram lookup; a draft model's passes are not priced). `course_lib.sim.speculative` has the
+steady-state roofline of it: where speculation stops paying as the batch grows.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import math
 import sys
@@ -28,6 +41,7 @@ MODEL_DEFAULTS = {"users": 8, "requests": 16}  # the real model computes every t
 
 def build_parser() -> argparse.ArgumentParser:
     from course_lib.engine_config import OPTIONS  # the one list of each knob's names (torch-free)
+    from course_lib.sim.speculative import DEFAULT_ACCEPTANCE_RATE
 
     p = argparse.ArgumentParser(
         prog="python -m course_lib simulate",
@@ -68,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-model-len", type=int, default=None,
                    help="context length; contiguous KV reserves this much per request "
                         "(default 2048 scripted, the model's with --runner model)")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative", type=int, default=0, metavar="K",
+                   help="draft K tokens per decode step and check them in one pass (0: off, the default); "
+                        "the run without speculation is shown beside it")
+    s.add_argument("--acceptance-rate", type=float, default=None, metavar="A",
+                   help="scripted runner: the chance the target keeps each draft, given it kept the ones before "
+                        f"(default {DEFAULT_ACCEPTANCE_RATE}); the model runner's own predictions decide instead")
+    s.add_argument("--drafter", choices=[d for d in OPTIONS["speculative"] if d != "none"], default="ngram",
+                   help="who drafts: ngram (prompt lookup, no model; the default) or draft (the model's first "
+                        "layers, --runner model only)")
     r = p.add_argument_group("runner and clock")
     r.add_argument("--runner", choices=("scripted", "model"), default="scripted",
                    help="scripted: no model, lengths from the workload; model: the tiny model computes every token")
@@ -126,6 +150,17 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--shared-prefix needs --runner scripted: the tiny model's task prompts share no prefix")
     if not 0.0 <= args.watermark < 1.0:
         parser.error(f"--watermark must be a fraction in [0, 1), got {args.watermark}")
+    _positive(parser, "--speculative", args.speculative, 0)
+    if args.speculative == 0 and (args.acceptance_rate is not None or args.drafter != "ngram"):
+        parser.error("--acceptance-rate and --drafter apply to --speculative K > 0 only")
+    if args.acceptance_rate is not None and not 0.0 <= args.acceptance_rate <= 1.0:
+        parser.error(f"--acceptance-rate must be a probability in [0, 1], got {args.acceptance_rate}")
+    if args.acceptance_rate is not None and args.runner == "model":
+        parser.error("--acceptance-rate drives the scripted runner; with --runner model the model decides")
+    if args.drafter == "draft" and args.runner != "model":
+        parser.error("--drafter draft drafts with the model's first layers: it needs --runner model")
+    if args.speculative and args.scheduler != "continuous":
+        parser.error("--speculative needs --scheduler continuous (only it schedules drafted decodes)")
 
 
 def _load_model():
@@ -219,6 +254,13 @@ def main(argv=None) -> int:
         longest = max_model_len - 1  # task prompts are short; bound by the context instead
     check_pool(parser, args, max_model_len, longest, max_tokens)
 
+    from course_lib.sim.speculative import DEFAULT_ACCEPTANCE_RATE
+
+    speculation = {}
+    if args.speculative:
+        speculation = dict(speculative=args.drafter, num_speculative_tokens=args.speculative,
+                           spec_acceptance_rate=DEFAULT_ACCEPTANCE_RATE if args.acceptance_rate is None
+                           else args.acceptance_rate)
     try:
         config = make_engine_config(
             kv_tokens=args.kv_tokens, page_size=args.page_size, scheduler=args.scheduler, kv=args.kv,
@@ -226,12 +268,18 @@ def main(argv=None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_model_len,
             watermark=args.watermark, preemption=args.preemption,
             enable_chunked_prefill=not args.no_chunked_prefill, seed=args.seed,
-            record_page_owners=bool(args.plots) and requests <= 2000,
+            record_page_owners=bool(args.plots) and requests <= 2000, **speculation,
         )
-        result = simulate(config, workload, runner=args.runner, clock=args.clock, gpu=args.gpu or "H100",
-                          model_shape=args.model_shape, model=model, tokenizer=tokenizer,
-                          max_tokens=max_tokens, seed=args.seed, progress=not args.no_progress,
-                          label=f"{args.scheduler}+{args.kv}")
+
+        def run(engine_config, label):
+            # A closed-loop workload is consumed by a run: each run gets its own copy.
+            return simulate(engine_config, copy.deepcopy(workload), runner=args.runner, clock=args.clock,
+                            gpu=args.gpu or "H100", model_shape=args.model_shape, model=model, tokenizer=tokenizer,
+                            max_tokens=max_tokens, seed=args.seed, progress=not args.no_progress, label=label)
+
+        baseline = run(dataclasses.replace(config, speculative="none"), f"{args.scheduler}+{args.kv}") \
+            if args.speculative else None
+        result = run(config, f"{args.scheduler}+{args.kv}" + (f"+spec{args.speculative}" if args.speculative else ""))
     except ValueError as err:
         parser.error(str(err))
     except RuntimeError as err:  # e.g. SimulationStalled: the setup can never finish its requests
@@ -242,13 +290,21 @@ def main(argv=None) -> int:
     print(describe(result))
     from course_lib.sim.metrics import format_table
 
-    print(format_table({name: result.summary}))
+    if baseline is None:
+        print(format_table({name: result.summary}))
+    else:
+        spec_name = f"{name} + {args.drafter} k={args.speculative}"
+        print(format_table({name: baseline.summary, spec_name: result.summary}))
+        print(describe_speculation(result, baseline))
     if result.summary["requests_clipped"]:
         print(f"note: {result.summary['requests_clipped']} request(s) clipped to max_model_len {max_model_len} "
               f"/ --max-tokens {max_tokens}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        data = result.to_json()
+        if baseline is not None:  # the same workload without speculation, for the comparison
+            data["without_speculation"] = baseline.summary
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {args.json}")
     if args.save_trace:
         save_trace(result.specs, args.save_trace)
@@ -269,6 +325,27 @@ def describe(result) -> str:
           else f"contiguous KV, {c['max_model_len']} slots per request")
     return (f"{load} | {e['scheduler']} batching, {kv}, pool {c['kv_pool_tokens']} tokens | admission "
             f"{e['admission']} | {c['runner']} runner, {clock} | {result.summary['wall_time_s']:.1f} s to run")
+
+
+def describe_speculation(result, baseline) -> str:
+    """One paragraph: how often the drafts were kept, what a step gave each request, and what that
+    did to TPOT and throughput against the run without speculation."""
+    s, b, e = result.summary, baseline.summary, result.config["engine"]
+    if not s["spec_draft_tokens"]:
+        return "speculation: no decode step was drafted (no n-gram ever matched, or no request reached decode)"
+    scripted = (f", each kept with probability {e['spec_acceptance_rate']:g} by the scripted target"
+                if result.config["runner"] == "scripted" else "")
+    lines = [f"speculation: {e['num_speculative_tokens']} {e['speculative']} draft(s) per decode step{scripted}; "
+             f"{s['spec_accepted_tokens']} of {s['spec_draft_tokens']} drafts kept "
+             f"({s['spec_acceptance_rate']:.1%}), {s['tokens_per_drafted_step']:.2f} tokens per drafted step "
+             f"({s['spec_num_drafts']} drafted request-steps), {s['tokens_per_decode_step']:.2f} per decode step"]
+    ratios = [f"TPOT {q} x{s['tpot_s'][q] / b['tpot_s'][q]:.2f}" for q in ("p50", "p99")
+              if s["tpot_s"][q] and b["tpot_s"][q]]
+    if b["throughput_tok_s"]:
+        ratios.append(f"throughput x{s['throughput_tok_s'] / b['throughput_tok_s']:.2f}")
+    if ratios:
+        lines.append("with / without speculation: " + ", ".join(ratios))
+    return "\n".join(lines)
 
 
 def save_plots(result, out_dir, name: str = "run") -> list[Path]:

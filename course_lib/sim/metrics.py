@@ -23,6 +23,9 @@ Definitions (the usual serving-benchmark ones):
   prefix_hit_rate, which counts every admission (a preempted request is looked up again).
 - Latency statistics and output tokens count *completed* requests only (finished normally:
   not failed, not aborted); a failed request has no meaningful latency.
+- Speculative decoding (`speculation_stats`): spec_acceptance_rate = drafts the target kept /
+  draft tokens computed (vLLM's definition); tokens_per_decode_step = tokens a decoding request
+  gained per step it ran, over every decode row, drafted or not (1.0 without speculation).
 - Step-level means (KV utilisation, waste, queue length) weight each step by its duration,
   so a 40 ms prefill step counts more than a 5 ms decode step; if every step has zero
   duration, steps weigh equally.
@@ -204,6 +207,21 @@ def queue_over_time(steps: Sequence) -> dict[str, np.ndarray]:
     }
 
 
+def speculation_stats(steps: Sequence) -> dict:
+    """Draft tokens computed, drafts kept, their ratio (0.0 without drafts) and tokens per decode
+    row-step. A drafted row counts 1 + k tokens in `num_decode_tokens` (k of them in
+    `num_draft_tokens`), a plain decode 1, so the decode rows are the difference of the two."""
+    drafts = int(sum(getattr(s, "num_draft_tokens", 0) for s in steps))
+    accepted = int(sum(getattr(s, "num_accepted_tokens", 0) for s in steps))
+    rows = int(sum(s.num_decode_tokens for s in steps)) - drafts
+    return {
+        "spec_draft_tokens": drafts,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / drafts if drafts else 0.0,
+        "tokens_per_decode_step": (rows + accepted) / rows if rows else 0.0,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Summary
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +275,7 @@ def summarize(
         "preemptions": preemptions,
         "prefix_hit_rate": prefix_hit_rate(prefix_queried, prefix_hits),
         "cached_token_frac": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
+        **speculation_stats(steps),
     }
 
 
@@ -278,6 +297,13 @@ _TABLE_ROWS = [
     ("peak running", "peak_running", 1, "{:d}"),
     ("preemptions", "preemptions", 1, "{:d}"),
     ("prefix hit rate", "prefix_hit_rate", 100, "{:.1f}%"),
+]
+# Shown only when a run drafted (every other run reads 0% and 1.00).
+# The last field: the cell reads "-" for a run that drafted nothing.
+_SPEC_ROWS = [
+    ("draft acceptance", "spec_acceptance_rate", 100, "{:.1f}%", True),
+    ("tokens / drafted step", "tokens_per_drafted_step", 1, "{:.2f}", True),  # simulate() adds it
+    ("tokens / decode step", "tokens_per_decode_step", 1, "{:.2f}", False),
 ]
 
 
@@ -302,8 +328,12 @@ def format_table(summaries: Mapping[str, Mapping]) -> str:
     """A plain-text table: one row per metric, one column per run, for stdout comparisons."""
     names = list(summaries)
     rows = [["metric", *names]]
+    drafted = any(_lookup(summaries[n], "spec_draft_tokens") for n in names)
     for label, key, scale, fmt in _TABLE_ROWS:
         rows.append([label, *(_format_cell(_lookup(summaries[n], key), scale, fmt) for n in names)])
+    for label, key, scale, fmt, drafts_only in _SPEC_ROWS if drafted else ():
+        rows.append([label, *(_format_cell(None if drafts_only and not _lookup(summaries[n], "spec_draft_tokens")
+                                           else _lookup(summaries[n], key), scale, fmt) for n in names)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for j, row in enumerate(rows):
