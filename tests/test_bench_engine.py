@@ -146,6 +146,48 @@ def test_profile_engine_step_phases():
     assert "cprofile" in p and "running requests" in bench_engine.format_profile(p)
 
 
+# --------------------------------------------------------------------------- bench engine --speculative
+def test_bench_speculative_tiny_run_is_well_formed():
+    from course_lib.bench import speculative
+
+    model = bench_engine.random_tiny_model(0, num_layers=2, hidden_size=32, intermediate_size=64)
+    # Prompts that repeat themselves, so the n-gram drafter has matches to draft from.
+    prompts = [[5, 6, 7, 8] * 3, [9, 10, 9, 10, 9, 10], [11, 12, 13, 11, 12, 13, 11]]
+    levels = speculative.bench_speculative(model, prompts, max_tokens=6, concurrency=(1, 2), repeats=2,
+                                           config=EngineConfig(attention_backend="torch"), warmup=False)
+    assert [level["concurrency"] for level in levels] == [1, 2]
+    for level in levels:
+        runs = level["runs"]
+        assert list(runs) == ["none", "ngram", "draft"]
+        assert runs["none"]["num_draft_tokens"] == 0 and runs["none"]["acceptance_rate"] is None
+        for name, r in runs.items():
+            assert len(r["tok_s"]) == 2 and r["tok_s_spread"][0] <= r["median_tok_s"] <= r["tok_s_spread"][1]
+            assert r["ratio_spread"][0] <= r["ratio"] <= r["ratio_spread"][1]
+            assert r["output_tokens"] == runs["none"]["output_tokens"] > 0
+            assert r["same_answers"] == 1.0  # greedy: speculation never changes an answer
+        for name in ("ngram", "draft"):
+            r = runs[name]
+            assert r["num_draft_tokens"] > 0 and 0.0 <= r["acceptance_rate"] <= 1.0
+            assert r["tokens_per_drafted_step"] == 1 + r["num_accepted_tokens"] / r["num_drafts"]
+        assert runs["none"]["ratio"] == 1.0
+    json.dumps(levels)
+    with pytest.raises(ValueError, match="drafters"):
+        speculative.bench_speculative(model, prompts, drafters=("eagle",))
+
+
+def test_bench_engine_speculative_command(tmp_path, capsys):
+    path = tmp_path / "spec.json"
+    assert bench_engine.main(["--speculative", "--model", "random", "--num-prompts", "3", "--max-tokens", "3",
+                              "--repeats", "1", "--concurrency", "1,2", "--drafters", "ngram",
+                              "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "vs none" in out and "ngram" in out and "tok/drafted step" in out
+    result = json.loads(path.read_text())
+    assert [w["workload"] for w in result["workloads"]] == ["mixed"]  # random prompts: one workload
+    assert [level["concurrency"] for level in result["workloads"][0]["levels"]] == [1, 2]
+    assert result["num_speculative_tokens"] == EngineConfig().num_speculative_tokens
+
+
 # --------------------------------------------------------------------------- bench scheduler
 @pytest.mark.parametrize("mode", ["decode", "churn"])
 def test_bench_scheduler_well_formed(mode):

@@ -255,3 +255,31 @@ def test_speculation_stops_paying_once_the_batch_is_compute_bound():
     # bracket of the sweep.
     previous = max(u for u in gains if u < crossing)
     assert previous < crossing_batch(PROMPT + OUTPUT // 2) <= crossing
+
+
+def test_speculation_stats_by_hand_and_in_the_table():
+    from course_lib.scheduler.output import StepStats
+    from course_lib.sim.metrics import format_table, speculation_stats, summarize
+
+    def step(decode, drafts, accepted):
+        return StepStats(step=0, start_time=0.0, end_time=1.0, num_running=1, num_waiting=0, num_prefill_tokens=0,
+                         num_decode_tokens=decode, num_padded_tokens=0, context_tokens_read=0,
+                         attention_context_tokens=0, kv_tokens_written=decode, kv_used_slots=1, kv_allocated_slots=1,
+                         kv_total_slots=16, num_preemptions=0, num_draft_tokens=drafts, num_accepted_tokens=accepted)
+
+    # Step 1: two drafted rows of 1 + 3 tokens (kept 3 and 0) and a plain decode; step 2: one row, 1 + 2, kept 1.
+    steps = [step(4 + 4 + 1, 6, 3), step(3, 2, 1)]
+    s = speculation_stats(steps, num_drafts=3)
+    assert s == {"spec_num_drafts": 3, "spec_draft_tokens": 8, "spec_accepted_tokens": 4,
+                 "spec_acceptance_rate": 0.5, "tokens_per_drafted_step": 1 + 4 / 3,
+                 "tokens_per_decode_step": (4 + 4) / 4}  # 4 decode rows gave 4 + 4 tokens
+    assert speculation_stats([step(5, 0, 0)]) == {"spec_num_drafts": 0, "spec_draft_tokens": 0,
+                                                  "spec_accepted_tokens": 0, "spec_acceptance_rate": 0.0,
+                                                  "tokens_per_drafted_step": 0.0, "tokens_per_decode_step": 1.0}
+    plain, drafted = summarize([], [step(5, 0, 0)]), summarize([], steps, num_drafts=3)
+    assert "draft acceptance" not in format_table({"plain": plain})  # no speculation, no rows about it
+    rows = {line.split("  ")[0].strip(): line.split()[-2:]
+            for line in format_table({"plain": plain, "drafted": drafted}).splitlines()}
+    assert rows["draft acceptance"] == ["-", "50.0%"]
+    assert rows["tokens / drafted step"] == ["-", "2.33"]
+    assert rows["tokens / decode step"] == ["1.00", "2.00"]

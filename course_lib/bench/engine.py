@@ -20,7 +20,8 @@ sides of a ratio together. One-time setup (building a manager, allocating caches
 timed for any engine.
 
 `--profile` instead answers where the time of one course_lib step goes (bench/engine_step.py,
-from the phases the engine records itself).
+from the phases the engine records itself), and `--speculative` compares course_lib with and
+without speculative decoding at 1, 8 and 64 concurrent requests (bench/speculative.py).
 """
 from __future__ import annotations
 
@@ -376,7 +377,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=("tiny", "random"), default="tiny",
                         help="tiny: the shipped model and its task prompts (random weights of the same shape "
                              "if it is not installed); random: random weights, random prompts")
-    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="prompts per run (default 64; 128 with --speculative)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
@@ -389,17 +391,42 @@ def main(argv=None) -> int:
     parser.add_argument("--forward", default="auto", choices=OPTIONS["forward"],
                         help="course_lib's forward pass (auto: the whole step in C where the cpu attention backend "
                              "runs, else the PyTorch model)")
-    parser.add_argument("--workloads", default="mixed,uniform", help="comma-separated subset of mixed,uniform")
+    parser.add_argument("--workloads", default=None,
+                        help="comma-separated subset of mixed,uniform (default both); with --speculative: mixed "
+                             "and/or task kinds (default mixed,repeat)")
     parser.add_argument("--profile", action="store_true",
                         help="instead: break one course_lib decode step down into phases")
     parser.add_argument("--running", type=int, default=64, help="--profile: running requests")
     parser.add_argument("--steps", type=int, default=40, help="--profile: decode steps measured")
     parser.add_argument("--cprofile", type=int, default=0, help="--profile: also print the top N cProfile rows")
+    parser.add_argument("--speculative", action="store_true",
+                        help="instead: tokens/s with vs without speculative decoding, at each --concurrency")
+    parser.add_argument("--concurrency", default="1,8,64",
+                        help="--speculative: comma-separated requests at once (max_num_seqs)")
+    parser.add_argument("--drafters", default="ngram,draft",
+                        help="--speculative: comma-separated subset of ngram,draft")
+    parser.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens,
+                        help="--speculative: drafts per decode step (default %(default)s)")
+    parser.add_argument("--draft-layers", type=int, default=EngineConfig.draft_layers,
+                        help="--speculative: layers of the draft model (the target's first ones; default %(default)s)")
     parser.add_argument("--json", help="write the results as JSON to this path")
     args = parser.parse_args(argv)
 
     try:
-        if args.profile:
+        if args.speculative:
+            from . import speculative
+
+            try:
+                levels = tuple(int(c) for c in args.concurrency.split(","))
+            except ValueError:
+                parser.error(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
+            result = speculative.run_benchmark(args.model, args.num_prompts or 128, args.max_tokens, args.repeats,
+                                               args.threads or None, args.seed, levels,
+                                               tuple(args.drafters.split(",")), args.num_speculative_tokens,
+                                               args.draft_layers, args.attention, args.forward,
+                                               tuple((args.workloads or "mixed,repeat").split(",")))
+            print(speculative.format_table(result))
+        elif args.profile:
             model = load_model(args.model, args.seed)[0]
             result = profile_engine_step(model, running=args.running, steps=args.steps, threads=args.threads or None,
                                          config=EngineConfig(attention_backend=args.attention, forward=args.forward,
@@ -407,9 +434,9 @@ def main(argv=None) -> int:
                                          cprofile_top=args.cprofile)
             print(format_profile(result))
         else:
-            result = run_benchmark(args.model, args.num_prompts, args.max_tokens, args.repeats,
+            result = run_benchmark(args.model, args.num_prompts or 64, args.max_tokens, args.repeats,
                                    args.threads or None, args.seed, tuple(args.engines.split(",")),
-                                   tuple(args.workloads.split(",")), attention=args.attention,
+                                   tuple((args.workloads or "mixed,uniform").split(",")), attention=args.attention,
                                    forward=args.forward)
             print(format_table(result))
     except ValueError as err:

@@ -207,17 +207,21 @@ def queue_over_time(steps: Sequence) -> dict[str, np.ndarray]:
     }
 
 
-def speculation_stats(steps: Sequence) -> dict:
-    """Draft tokens computed, drafts kept, their ratio (0.0 without drafts) and tokens per decode
-    row-step. A drafted row counts 1 + k tokens in `num_decode_tokens` (k of them in
-    `num_draft_tokens`), a plain decode 1, so the decode rows are the difference of the two."""
+def speculation_stats(steps: Sequence, num_drafts: int = 0) -> dict:
+    """Draft tokens computed, drafts kept, their ratio (0.0 without drafts), tokens per drafted
+    row-step (1 + kept / `num_drafts`, the drafted rows, which the scheduler counts:
+    `SchedulerBase.num_drafts`; 0.0 without) and tokens per decode row-step. A drafted row counts
+    1 + k tokens in `num_decode_tokens` (k of them in `num_draft_tokens`), a plain decode 1, so
+    the decode rows are the difference of the two."""
     drafts = int(sum(getattr(s, "num_draft_tokens", 0) for s in steps))
     accepted = int(sum(getattr(s, "num_accepted_tokens", 0) for s in steps))
     rows = int(sum(s.num_decode_tokens for s in steps)) - drafts
     return {
+        "spec_num_drafts": int(num_drafts),
         "spec_draft_tokens": drafts,
         "spec_accepted_tokens": accepted,
         "spec_acceptance_rate": accepted / drafts if drafts else 0.0,
+        "tokens_per_drafted_step": 1 + accepted / num_drafts if num_drafts else 0.0,
         "tokens_per_decode_step": (rows + accepted) / rows if rows else 0.0,
     }
 
@@ -232,6 +236,7 @@ def summarize(
     steps: Sequence,
     prefix_queried: int = 0,
     prefix_hits: int = 0,
+    num_drafts: int = 0,
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
     latency_slo_s: float | None = None,
@@ -240,6 +245,7 @@ def summarize(
 
     `goodput_req_s` applies the SLOs given; with none given it equals `requests_per_s`.
     `preemptions` sums the steps' counts (the requests' counts when there are no steps).
+    `num_drafts`: drafted rows (speculative decoding), which the steps do not record.
     """
     completed = [r for r in requests if is_completed(r)]
     span = makespan(requests)
@@ -275,7 +281,7 @@ def summarize(
         "preemptions": preemptions,
         "prefix_hit_rate": prefix_hit_rate(prefix_queried, prefix_hits),
         "cached_token_frac": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
-        **speculation_stats(steps),
+        **speculation_stats(steps, num_drafts),
     }
 
 
@@ -302,7 +308,7 @@ _TABLE_ROWS = [
 # The last field: the cell reads "-" for a run that drafted nothing.
 _SPEC_ROWS = [
     ("draft acceptance", "spec_acceptance_rate", 100, "{:.1f}%", True),
-    ("tokens / drafted step", "tokens_per_drafted_step", 1, "{:.2f}", True),  # simulate() adds it
+    ("tokens / drafted step", "tokens_per_drafted_step", 1, "{:.2f}", True),
     ("tokens / decode step", "tokens_per_decode_step", 1, "{:.2f}", False),
 ]
 

@@ -322,14 +322,11 @@ def simulate(
 
     records = [outputs[s.request_id] for s in specs_in_order]
     stats = engine.stats()
+    # Speculative decoding: the scheduler counts the drafted rows (a request's last token and its drafts
+    # checked in one step); 1 + kept drafts per drafted row is vLLM's mean acceptance length.
     summary = summarize(records, engine.step_stats, prefix_queried=stats["prefix_queried_tokens"],
-                        prefix_hits=stats["prefix_hit_tokens"])
-    # Speculative decoding: drafted rows (a request's last token and its drafts, checked in one step)
-    # are counted by the scheduler; 1 + kept drafts per drafted row is vLLM's mean acceptance length.
-    num_drafts = engine.scheduler.num_drafts
+                        prefix_hits=stats["prefix_hit_tokens"], num_drafts=engine.scheduler.num_drafts)
     summary.update(
-        spec_num_drafts=num_drafts,
-        tokens_per_drafted_step=1 + summary["spec_accepted_tokens"] / num_drafts if num_drafts else 0.0,
         requests_total=len(records),
         requests_not_issued=total - len(records),
         requests_clipped=clipped,
