@@ -225,3 +225,21 @@ def test_an_injected_verify_decides_every_drafted_row_and_positions_are_counted(
     honest.generate([prompt], SamplingParams(max_tokens=12))
     per_pos = honest.scheduler.accepted_per_position
     assert sum(per_pos) == honest.scheduler.num_accepted_tokens and per_pos == sorted(per_pos, reverse=True)
+
+
+def test_drafts_never_push_a_plain_decode_out_of_the_step():
+    """With a budget just above the number of running requests, every running request in decode is
+    scheduled each step: the guesses get only what is left."""
+    engine = LLMEngine(SCRIPTED, EngineConfig(max_num_batched_tokens=5, max_num_seqs=4, speculative="ngram",
+                                              num_speculative_tokens=4, spec_acceptance_rate=1.0))
+    for _ in range(4):
+        engine.add_request([5, 6, 5, 6], SamplingParams(max_tokens=12), scripted_output_len=12)
+    sched, left_out = engine.scheduler, 0
+    while engine.has_unfinished_requests:
+        decoding = {r.request_id for r in sched.running if r.num_tokens == r.num_computed_tokens + 1}
+        out = sched.next_step()
+        left_out += len(decoding - {s.request_id for s in out.scheduled})
+        sampled = engine.runner.execute(out)
+        engine._record(out, sampled, sched.update(out, sampled), 0.0)
+    assert sched.num_draft_tokens > 0
+    assert left_out == 0, f"running decodes left out of a step {left_out} times while others drafted"

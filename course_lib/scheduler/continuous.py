@@ -30,7 +30,9 @@ class ContinuousScheduler(SchedulerBase):
             output = request.output_token_ids
             if len(request.prompt_token_ids) + len(output) == computed + 1:
                 if drafts and request.request_id in drafts:  # a decode with guesses: 1 + k tokens
-                    entry = self._drafted_entry(request, drafts[request.request_id], budget)
+                    # Guesses take only the budget left after one token for each running request behind
+                    # this one: drafts never push a plain decode out of the step.
+                    entry = self._drafted_entry(request, drafts[request.request_id], budget - (len(running) - i - 1))
                     if entry is not None:
                         scheduled.append(entry)
                         budget -= entry.num_new_tokens
