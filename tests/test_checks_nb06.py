@@ -37,7 +37,8 @@ def test_course_lib_cache_passes():
 
 # Issue 24: each rule the notebook's block names, broken alone, fails with that rule's name.
 RULE_MUTANTS = {
-    "page_keys": {"linear work": ["keys_rehash_whole_prefix", "keys_whole_prefix", "keys_nested_chain"]},
+    "page_keys": {"linear work": ["keys_rehash_whole_prefix", "keys_copy_then_rehash_prefix",
+                                  "keys_digest_of_prefix_text", "keys_whole_prefix", "keys_nested_chain"]},
     "StudentPrefixCache": {"looking up changes nothing": ["LookupSharesPages"], "fresh serials": ["SerialIsPage"],
                            "forget evicted pages": ["StaleChildByPage", "EvictDoesNothing"],
                            "never a wrong page": ["TrustsTheHash"], "duplicates": ["DuplicateTakesOver"],

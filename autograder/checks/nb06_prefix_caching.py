@@ -3,7 +3,9 @@
 `page_keys` is held to what a key is *for*, not to one formula: one key per full page (a partly
 filled page gets none), each key a function of the whole prefix up to its page (equal prefixes,
 equal keys; a different token anywhere before or in the page, a different key), checked at every
-position of a chain, with repeated, swapped and equal-sum pages, across every call of the check.
+position of a chain, with repeated, swapped and equal-sum pages, across every call of the check; and to
+linear work: the tokens read from a counting sequence, each key's size, and the data the student's code
+hashes (through `hash`, `hashlib`, `zlib`) on 4x the pages.
 
 The cache is checked on its own (lookup, the stop at the first miss, max_pages, the partial last
 page, duplicates, eviction through the pool's hooks, re-registering an evicted prefix, exact
@@ -19,12 +21,16 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
+import os
 import random
+import sys
+import zlib
 
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 
-from .. import fixtures
+from .. import _checking, fixtures
 from .._checking import broke, call, check, drive, expect, fail, forbid_calls, kind_of, plain_int, same_float, show
 
 ROOT = 0
@@ -247,6 +253,124 @@ def _linear_work(impl, book, rng):
                "the tokens' values (whatever sequence holds them)", rule="a function of the prefix")
 
 
+# What the student's code hashes grows in proportion to the prompt: keyed on 4x the pages, it hashes about 4x the
+# data (plus what one call costs once). Re-hashing the whole prefix for every page hashes ~16x (96 pages against
+# 24: 96 * 97 / 2 = 4656 tokens against 300), even after copying the input into a plain list first, which the
+# counted reads of `_linear_work` cannot see. HASH_GROWTH sits between, with room for a per-page cost on top of
+# the quadratic one (a 30-word digest per page still shows 7x).
+HASH_PAGES = (24, 96)
+HASH_GROWTH = 6
+_AUTOGRADER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The autograder's own answers, mutants and controls stand where a student's code does.
+_STUDENT_LIKE = tuple(os.path.join(_AUTOGRADER, folder) + os.sep for folder in ("reference", "mutants", "controls"))
+_HASHLIB_NAMES = ("new", "md5", "sha1", "sha224", "sha256", "sha384", "sha512", "blake2b", "blake2s", "sha3_224",
+                  "sha3_256", "sha3_384", "sha3_512")
+
+
+def _nbytes(data) -> int:
+    try:
+        return memoryview(data).nbytes
+    except TypeError:
+        return 0
+
+
+def _from_student() -> bool:
+    """Whether the hashing function was called by the student's code, not by the autograder's machinery (the
+    membrane digests what crosses it with hashlib, and the check hashes the keys it is given)."""
+    caller = sys._getframe(2).f_code.co_filename
+    return not caller.startswith(_AUTOGRADER) or caller.startswith(_STUDENT_LIKE)
+
+
+class _CountedDigest:
+    """A hashlib object whose update() adds the bytes it is handed to the count."""
+
+    def __init__(self, real, words):
+        self._real, self._words = real, words
+
+    def update(self, data):
+        self._words[0] += -(-_nbytes(data) // 8)
+        return self._real.update(data)
+
+    def copy(self):
+        return _CountedDigest(self._real.copy(), self._words)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def _hash_work():
+    """[words]: how much data, in 8-byte words (`_size`), the student's code handed to the builtin `hash`,
+    to hashlib's constructors and their update(), and to zlib's checksums, through their module names, in
+    the block. Recorded as plain data (the student's code runs in the sandbox; the replay reads the record).
+    Not seen: a function bound before the block (`from hashlib import sha256`), a tuple hashed by a dict or
+    a set, numpy."""
+    from ..recording.active import active_membrane
+
+    active = active_membrane()
+    with _checking._hooked("hash_work", [0], _checking._fill_counter) as words:
+        if active is not None and active.mode == "replay":
+            yield words
+            return
+        real_hash = builtins.hash
+        real_hashlib = {name: getattr(hashlib, name) for name in _HASHLIB_NAMES if hasattr(hashlib, name)}
+        real_zlib = {name: getattr(zlib, name) for name in ("crc32", "adler32")}
+
+        def counted_hash(obj):
+            if _from_student():
+                words[0] += _size(obj)
+            return real_hash(obj)
+
+        def counted_constructor(real, data_at):
+            def make(*args, **kwargs):
+                digest = real(*args, **kwargs)
+                if not _from_student():
+                    return digest
+                data = args[data_at] if len(args) > data_at else kwargs.get("data", kwargs.get("string", b""))
+                words[0] += -(-_nbytes(data) // 8)
+                return _CountedDigest(digest, words)
+            return make
+
+        def counted_checksum(real):
+            def checksum(data, *args):
+                if _from_student():
+                    words[0] += -(-_nbytes(data) // 8)
+                return real(data, *args)
+            return checksum
+
+        builtins.hash = counted_hash
+        for name, real in real_hashlib.items():
+            setattr(hashlib, name, counted_constructor(real, 1 if name == "new" else 0))
+        for name, real in real_zlib.items():
+            setattr(zlib, name, counted_checksum(real))
+        try:
+            yield words
+        finally:
+            builtins.hash = real_hash
+            for name, real in real_hashlib.items():
+                setattr(hashlib, name, real)
+            for name, real in real_zlib.items():
+                setattr(zlib, name, real)
+
+
+def _hash_growth(book, rng):
+    """The data hashed for 4x the pages grows about 4x, not 16x (whatever copy of its input the code hashes)."""
+    for ps in (1, 2):
+        hashed = []
+        for pages in HASH_PAGES:
+            tokens = _random_pages(rng, pages, ps)
+            with _hash_work() as words:
+                book.keys(tokens, ps)
+            hashed.append(words[0])
+        small, big = hashed
+        if big > HASH_GROWTH * small + 64:
+            broke("linear work", f"page_keys(..., page_size={ps}) hashed {big} words of data (8 bytes each) to key "
+                  f"{HASH_PAGES[1]} pages and {small} to key {HASH_PAGES[0]}: {big / max(small, 1):.1f}x the data for "
+                  f"{HASH_PAGES[1] // HASH_PAGES[0]}x the pages, so it hashes the whole prefix again for every page "
+                  "(quadratic in the prompt's length), even if it reads each token once. Carry one value from page to "
+                  "page that stands for everything before it, and hash only that value and the new page")
+
+
 @check("page_keys")
 def check_page_keys(impl, seed, allow_reference):
     rng = random.Random(seed)
@@ -294,8 +418,10 @@ def check_page_keys(impl, seed, allow_reference):
             tail = _random_pages(rng, 3, ps)
             book.keys(_random_pages(rng, 1, ps) + tail, ps)
             book.keys(_random_pages(rng, 1, ps) + tail, ps)
-        # Keys cost about the same per page wherever it sits (counted on a sequence that counts its reads).
+        # Keys cost about the same per page wherever it sits (counted on a sequence that counts its reads), and
+        # the data hashed grows with the prompt, not with its square.
         _linear_work(impl, book, rng)
+        _hash_growth(book, rng)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """Realistic wrong answers for notebook 06 (prefix caching). Self-contained: no autograder imports."""
+import hashlib
 
 ROOT = 0
 
@@ -70,6 +71,24 @@ def keys_salted_with_length(token_ids, page_size):
 def keys_rehash_whole_prefix(token_ids, page_size):
     """Hashes the whole prefix again for every page: right keys, quadratic work in the prompt's length."""
     return [hash(tuple(token_ids[:(i + 1) * page_size])) for i in range(len(token_ids) // page_size)]
+
+
+def keys_copy_then_rehash_prefix(token_ids, page_size):
+    """Copies its input once (one read per token), then hashes the copy's whole prefix again for every page:
+    right keys, quadratic work that counting the reads of the input cannot see."""
+    tokens = list(token_ids)
+    return [hash(tuple(tokens[:(i + 1) * page_size])) for i in range(len(tokens) // page_size)]
+
+
+def keys_digest_of_prefix_text(token_ids, page_size):
+    """A sha256 of the prefix written out as text, for every page, from a copy of the input: right keys (64 bits
+    of the digest), quadratic work."""
+    tokens = list(token_ids)
+    keys = []
+    for i in range(len(tokens) // page_size):
+        text = ",".join(map(str, tokens[:(i + 1) * page_size]))
+        keys.append(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big"))
+    return keys
 
 
 def keys_whole_prefix(token_ids, page_size):
@@ -390,7 +409,8 @@ class StaleChildByPage(_Cache):
 
 
 MUTANTS = {
-    "page_keys": [keys_not_chained, keys_rehash_whole_prefix, keys_whole_prefix, keys_nested_chain,
+    "page_keys": [keys_not_chained, keys_rehash_whole_prefix, keys_copy_then_rehash_prefix, keys_digest_of_prefix_text,
+                  keys_whole_prefix, keys_nested_chain,
                   keys_include_partial_page, keys_drop_last_full_page, keys_chained_on_position,
                   keys_xor_of_pages, keys_sum_of_page, keys_sorted_page, keys_salted_with_length],
     "StudentPrefixCache": [TrustsTheHash, ConfirmsTokensOnly, EvictDoesNothing, HooksNotInstalled, LookupSkipsMisses,
