@@ -111,20 +111,26 @@ class _Inspector:
         self.sched.schedule = self.schedule
 
     def schedule(self):
+        # Each read of the scheduler's attributes is a question to the student's object (through the grading
+        # recording, one crossing each): what stays the same within a step is read once before schedule()
+        # and once after it.
         sched, cfg = self.sched, self.engine.config
+        kv = sched.kv
         before_running = [r for r in sched.running if r.finish_reason is None]
         waiting_before = list(sched.waiting)
         # What each waiting request could start from (course_lib's lookup takes no page reference and moves
         # no counter, so asking changes nothing): an admitted request must start right after its cached pages.
-        cached_before = {r.request_id: len(sched.kv.lookup_prefix(r)) * sched.kv.page_size for r in waiting_before}
+        page_size = kv.page_size
+        cached_before = {r.request_id: len(kv.lookup_prefix(r)) * page_size for r in waiting_before}
         out = self._schedule()
+        running = list(sched.running)
         where = f"{self.scenario}, step {self.step}"
         self.step += 1
         expect(hasattr(out, "scheduled") and hasattr(out, "preempted"),
                f"{where}: schedule() must return a SchedulerOutput, got {type(out).__name__}")
         ids = [s.request_id for s in out.scheduled]
         expect(len(ids) == len(set(ids)), f"{where}: a request was scheduled twice in one step ({ids})")
-        live = [r for r in sched.running if r.finish_reason is None]
+        live = [r for r in running if r.finish_reason is None]
         # Admitted this step: newly seated, or preempted and seated again (the victim re-admitted).
         admitted = [r for r in live if not any(r is b for b in before_running) or r.request_id in out.preempted]
         if out.preempted:
@@ -145,14 +151,14 @@ class _Inspector:
         expect(total <= cfg.max_num_batched_tokens or alone,
                f"{where}: {total} tokens scheduled ({[(s.request_id, s.num_new_tokens) for s in out.scheduled]}) "
                f"but the step's budget is max_num_batched_tokens={cfg.max_num_batched_tokens}", rule="token budget")
-        expect(len(sched.running) <= cfg.max_num_seqs,
-               f"{where}: {len(sched.running)} requests running but there are only max_num_seqs={cfg.max_num_seqs} seats",
+        expect(len(running) <= cfg.max_num_seqs,
+               f"{where}: {len(running)} requests running but there are only max_num_seqs={cfg.max_num_seqs} seats",
                rule="seats")
         requests = self.engine.requests
         short = []
         for s in out.scheduled:
             r = requests[s.request_id]
-            if not any(r is x for x in sched.running):
+            if not any(r is x for x in running):
                 refused = r.request_id in out.preempted
                 broke("never out of pages" if refused else "running first",
                       f"{where}: {s.request_id} was scheduled but is not in self.running"
@@ -191,7 +197,7 @@ class _Inspector:
                   f"{requests[s.request_id].num_tokens - s.start - s.num_new_tokens} pending, yet the step used only "
                   f"{total} of its {cfg.max_num_batched_tokens}-token budget: expected the budget used up before "
                   "a prompt is cut into chunks")
-        skipped = [r for r in before_running if any(r is x for x in sched.running) and r.request_id not in ids]
+        skipped = [r for r in before_running if any(r is x for x in running) and r.request_id not in ids]
         if admitted and skipped:
             broke("running first",
                   f"{where}: running request {skipped[0].request_id} got no tokens while newly admitted "
@@ -208,7 +214,7 @@ class _Inspector:
                    "admit waiting requests into every free seat in the same step (the turnstile), not only when "
                    "the batch is empty or one per step", rule="the turnstile")
         hit_admitted = any(cached_before.get(r.request_id) for r in admitted)
-        self._expect_budget_spent(where, out, total, before_running, skipped, hit_admitted)
+        self._expect_budget_spent(where, out, total, running, skipped, hit_admitted)
         return out
 
     def _fits(self, pending: int, left: int) -> int:
@@ -218,36 +224,41 @@ class _Inspector:
             return min(pending, left)
         return pending if pending <= left or left == self.engine.config.max_num_batched_tokens else 0
 
-    def _expect_budget_spent(self, where, out, total, before_running, skipped, hit_admitted=False):
+    def _expect_budget_spent(self, where, out, total, running, skipped, hit_admitted=False):
         """Rules 3 and 4 in every scenario: budget left at the end of a step that preempted nobody means
         nobody who could use it was passed over, neither a running request nor the head of the queue.
-        (A step that preempted is left to rules 6 and 8: what its pages allowed is not known here.)"""
+        (A step that preempted is left to rules 6 and 8: what its pages allowed is not known here.)
+        `running`: the scheduler's running list after schedule()."""
         sched, cfg = self.sched, self.engine.config
         if out.preempted:
             return
+        kv = sched.kv
         left = cfg.max_num_batched_tokens - total
         for r in skipped:
             pending = r.num_tokens - r.num_computed_tokens
-            if self._fits(pending, left) and sched.kv.can_allocate(r, pending):
+            if self._fits(pending, left) and kv.can_allocate(r, pending):
                 broke("running first",
                       f"{where}: running request {r.request_id} ({pending} token(s) pending) got no tokens although "
                       f"{left} of the step's {cfg.max_num_batched_tokens}-token budget was left and pages were free: "
                       "expected every running request to advance, in seat order, while the budget allows")
-        if not sched.waiting or len(sched.running) >= cfg.max_num_seqs:
+        if len(running) >= cfg.max_num_seqs:
             return
-        head = sched.waiting[0]
+        waiting = sched.waiting
+        if not waiting:
+            return
+        head = waiting[0]
         # Its cached pages count for nothing: course_lib's lookup moves no counter and takes no reference.
-        cached = sched.kv.lookup_prefix(head)
-        pending = head.num_tokens - len(cached) * sched.kv.page_size
+        cached = kv.lookup_prefix(head)
+        pending = head.num_tokens - len(cached) * kv.page_size
         n = self._fits(pending, left)
         # Pages for all its pending tokens, not just the chunk: then every reading of "the pages allow" agrees.
-        if n and sched.kv.can_allocate(head, pending, cached) and self.admission.allows(head, sched.running):
+        if n and kv.can_allocate(head, pending, cached) and self.admission.allows(head, running):
             alone = (" (chunking off: a prompt bigger than the whole budget runs alone, in a step where nobody "
                      "else used any budget)") if not self.chunked and pending > cfg.max_num_batched_tokens else ""
             hits = (" (tokens served from the prefix cache are not computed, so they cost no budget: neither the "
                     "head's cached tokens nor those of a request admitted before it in this step)") if hit_admitted or cached else ""
             broke("chunked prefill off" if alone else "prefix hits skipped" if hits else "the turnstile",
-                  f"{where}: {len(sched.running)} of {cfg.max_num_seqs} seats taken, {left} of the "
+                  f"{where}: {len(running)} of {cfg.max_num_seqs} seats taken, {left} of the "
                   f"{cfg.max_num_batched_tokens}-token budget left and pages free, yet the head of the queue "
                   f"{head.request_id} ({pending} token(s) pending"
                   + ("" if self.chunked else ", chunking off") + f") was not admitted: expected it to start "

@@ -23,7 +23,9 @@ back into the grader's objects (an engine, a model, a request, a kv manager). A 
   grader's side asks (`S`: handle, operation, a digest of the arguments) and the student's side
   answers (`Sr` with the result, or `Sx` with the exception, `exceptions_as_data`), and in between
   the student's code may ask the grader's side (`O`: handle, operation, the arguments in full) and
-  get answers (`Or` / `Ox`);
+  get answers (`Or` / `Ox`). An operation without arguments (most are: an attribute, `len`, `next`)
+  carries no `a` at all, and an answer whose arguments nobody changed no `m`: an event of plain
+  values is smaller to write and read, and no work for the garbage collector;
 - in REPLAY mode (in the grader's own process) the same check runs on the same seed against a
   stub: each question the check asks must be the next `S` event (same handle, operation and
   argument digest), the student's calls back into the grader's objects are re-done on the

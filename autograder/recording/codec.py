@@ -19,7 +19,7 @@ import torch
 
 from .class_names import course_class as _course_class, load_course_class as _load_course_class
 from .errors import Divergence, RecordLimit, Refused
-from .proxy import _H, _M, _SIDE, CallableProxy, Handles, Proxy
+from .proxy import _H, _M, _SIDE, CallableProxy, Handles, Proxy, g_key
 
 MAX_TENSOR_BYTES = 64 << 20
 MAX_DIGESTS = 4096  # tensors whose digest one check call keeps (a model's weights are a few dozen)
@@ -176,7 +176,7 @@ class Codec(Handles):
                     "fields": {f.name: self._enc(getattr(v, f.name), owner, full, depth + 1)
                           for f in dataclasses.fields(v) if hasattr(v, f.name)}}
         if owner == "G":
-            if self.vetting and id(v) not in self.g_ids:
+            if self.vetting and g_key(v) not in self.g_ids:
                 from ..callbacks import hold_refusal
 
                 refused = hold_refusal(v)

@@ -13,6 +13,10 @@ from .exceptions_as_data import describe_plainly, exception_info, rebuild_except
 from .operations import BINARY as _BINARY, UNARY as _UNARY, apply as _apply, callback_refusal, crossing
 
 
+# What a callback event may ask of a grader object (anything else in a record is forged).
+_CALLBACK_OPS = frozenset(("call", "getattr", "setattr", "delattr", "setitem", "exit", "rop")) | set(_BINARY) | set(_UNARY)
+
+
 class Membrane(Codec):
     """One check call's boundary. `fail` and `describe_exception` come from the checks
     (`autograder._checking.fail` / `describe_exception`, handed in by `autograder.record` and
@@ -34,9 +38,10 @@ class Membrane(Codec):
 
     # -- the event log -----------------------------------------------------------------------------
     def _emit(self, event):
-        if len(self.events) >= MAX_EVENTS:
+        events = self.events
+        if len(events) >= MAX_EVENTS:
             raise RecordLimit(f"more than {MAX_EVENTS} crossings in one check call")
-        self.events.append(event)
+        events.append(event)
 
     def _next(self, kinds, what):
         if self.poisoned:
@@ -67,14 +72,16 @@ class Membrane(Codec):
     def _s_op(self, h, op, name, args, kwargs):
         if threading.get_ident() != self.thread:
             raise RuntimeError("the student's objects are used from a thread the grader did not start")
-        enc_args = self.encode([list(args), kwargs], "G", full_tensors=False)
-        question = {"k": "S", "h": h, "op": op, "n": name, "a": digest(enc_args)}
+        # A question without arguments carries no digest ("a"): most are (an attribute, len, next).
+        question = {"k": "S", "h": h, "op": op, "n": name}
+        if args or kwargs:
+            question["a"] = digest(self.encode([list(args), kwargs], "G", full_tensors=False))
         if self.mode == "replay":
             ev = self._next(("S",), f"question #{h}.{self._what(op, name)}")
             if (ev.get("h"), ev.get("op"), ev.get("n")) != (h, op, name):
                 self._poison(f"event {self.pos - 1}: the check asks {self._what(op, name)} of student object #{h}, "
                              f"the record answers {ev.get('op')} {ev.get('n') or ''} of #{ev.get('h')}")
-            if ev.get("a") != question["a"]:
+            if ev.get("a") != question.get("a"):
                 self._poison(f"event {self.pos - 1}: the check asks {self._what(op, name)} with other arguments "
                              "than the record answers")
             return self._replay_answer(args, kwargs)
@@ -90,14 +97,15 @@ class Membrane(Codec):
         except BaseException as exc:  # noqa: BLE001 - the student's exception is part of the answer
             info = exception_info(exc, self.describe_exception)
             mutations = self._mutations(args, kwargs, s_args, s_kwargs)
-            self._emit({"k": "Sx", "e": info, "m": mutations})
+            self._emit({"k": "Sx", "e": info, "m": mutations} if mutations else {"k": "Sx", "e": info})
             self._apply_mutations(args, kwargs, mutations)
             raise rebuild_exception(info) from None
         finally:
             self.depth -= 1
         enc = self.encode(result, "S", full_tensors=True)
         mutations = self._mutations(args, kwargs, s_args, s_kwargs)
-        self._emit({"k": "Sr", "v": enc, "m": mutations})
+        # ("m" only when an argument changed: an event of plain values is no work for the collector)
+        self._emit({"k": "Sr", "v": enc, "m": mutations} if mutations else {"k": "Sr", "v": enc})
         self._apply_mutations(args, kwargs, mutations)
         return self.decode(enc, "G")
 
@@ -157,14 +165,16 @@ class Membrane(Codec):
         h, op, name = ev.get("h"), ev.get("op"), ev.get("n")
         if not isinstance(h, int) or not 0 <= h < len(self.g_objs):
             self._poison(f"event {self.pos - 1}: the record calls grader object #{h}, which was never handed over")
-        a = ev.get("a")
-        if not (isinstance(a, dict) and "L" in a and len(a["L"]) == 2):
-            self._poison(f"event {self.pos - 1}: malformed arguments in the record")
-        args, kwargs = self.decode(a, "G")
-        if not (isinstance(args, list) and isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
-            self._poison(f"event {self.pos - 1}: malformed arguments in the record")
-        if op not in ("call", "getattr", "setattr", "delattr", "setitem", "exit", "rop") and op not in _BINARY \
-                and op not in _UNARY:
+        if "a" not in ev:  # the recorder leaves "a" out of a call without arguments
+            args, kwargs = [], {}
+        else:
+            a = ev["a"]
+            if not (isinstance(a, dict) and "L" in a and len(a["L"]) == 2):
+                self._poison(f"event {self.pos - 1}: malformed arguments in the record")
+            args, kwargs = self.decode(a, "G")
+            if not (isinstance(args, list) and isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+                self._poison(f"event {self.pos - 1}: malformed arguments in the record")
+        if op not in _CALLBACK_OPS:
             self._poison(f"event {self.pos - 1}: unknown operation {op!r}")
         if op in ("getattr", "setattr", "delattr") and not isinstance(name, str):
             self._poison(f"event {self.pos - 1}: malformed attribute name")
@@ -205,13 +215,17 @@ class Membrane(Codec):
         refused = callback_refusal(op, name, target)
         if refused:  # before the event: the record never holds what the replay would refuse
             raise (AttributeError if op in ("getattr", "setattr", "delattr") else TypeError)(refused)
-        if all(map(_is_plain, args)) and all(map(_is_plain, kwargs.values())):  # what encode + decode would give
-            enc_args = {"L": [{"L": list(args)}, {"D": [[k, v] for k, v in kwargs.items()]}]}
+        if not args and not kwargs:  # most callbacks (an attribute, len, iter): the event carries no "a"
+            event, g_args, g_kwargs = {"k": "O", "h": h, "op": op, "n": name}, [], {}
+        elif all(map(_is_plain, args)) and all(map(_is_plain, kwargs.values())):  # what encode + decode would give
+            event = {"k": "O", "h": h, "op": op, "n": name,
+                     "a": {"L": [{"L": list(args)}, {"D": [[k, v] for k, v in kwargs.items()]}]}}
             g_args, g_kwargs = list(args), dict(kwargs)
         else:
             enc_args = self.encode([list(args), kwargs], "S", full_tensors=True)
+            event = {"k": "O", "h": h, "op": op, "n": name, "a": enc_args}
             g_args, g_kwargs = self.decode(enc_args, "G")
-        self._emit({"k": "O", "h": h, "op": op, "n": name, "a": enc_args})
+        self._emit(event)
         try:
             result = _apply(target, op, name, g_args, g_kwargs)
             how, result = crossing(op, target, g_args, result)
@@ -222,7 +236,8 @@ class Membrane(Codec):
             self._emit({"k": "Ox", "e": exception_info(exc, self.describe_exception)})
             raise
         self._emit({"k": "Or", "v": encoded})
-        _write_back(list(args) + list(kwargs.values()), list(g_args) + list(g_kwargs.values()))
+        if g_args or g_kwargs:
+            _write_back(list(args) + list(kwargs.values()), list(g_args) + list(g_kwargs.values()))
         if how == "live":
             return self._g_proxy(self._register_g(result))
         mine = self.to_student(result, live_tensors=True)
@@ -232,6 +247,8 @@ class Membrane(Codec):
         """A callback's result as the record holds it; Refused if it holds what may not cross."""
         if how == "live":
             return {"G": self._register_g(result)}
+        if _is_plain(result):  # (most answers: an int, a str, None; encoded as themselves)
+            return result
         self.vetting = True
         try:
             return self.encode(result, "G", full_tensors=False)
@@ -272,6 +289,9 @@ def _write_back(originals, copies):
 
 def _same_shape(a, b) -> bool:
     """Equal except for float values (wall-clock times differ between two runs) and tensor contents."""
+    kind = type(a)
+    if kind is type(b) and (kind is int or kind is str or kind is bool or a is None):  # (most answers)
+        return a == b
     if isinstance(a, float) or isinstance(b, float) or (isinstance(a, dict) and "f" in a):
         return isinstance(b, (float, int, dict)) or b is None
     if isinstance(a, dict) and isinstance(b, dict):

@@ -49,11 +49,16 @@ def apply(target, op: str, name, args, kwargs):
 # the student builds reads a model's `_parameters`).
 
 
+_OP_REFUSAL = []  # autograder.callbacks.op_refusal, imported on first use (it imports the engine)
+
+
 def callback_refusal(op: str, name, target=None) -> str | None:
     """Why the grader refuses this use of its object `target` (None if it is allowed)."""
-    from ..callbacks import op_refusal
+    if not _OP_REFUSAL:
+        from ..callbacks import op_refusal
 
-    return op_refusal(op, name, target)
+        _OP_REFUSAL.append(op_refusal)
+    return _OP_REFUSAL[0](op, name, target)
 
 
 _MUTABLE = (list, dict, set)

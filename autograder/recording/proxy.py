@@ -3,6 +3,8 @@ student's side sees it (a G-handle), each numbered in order of appearance; every
 one operation of its membrane."""
 from __future__ import annotations
 
+import types
+
 from .class_names import class_name, load_shown_class, shown_class
 
 _M, _H, _SIDE = "_ag_membrane", "_ag_handle", "_ag_side"
@@ -158,6 +160,16 @@ def proxy_target(obj):
     return m.s_objs[object.__getattribute__(obj, _H)]
 
 
+def g_key(obj):
+    """What a grader object's handle is kept under: its id; for a bound method, its object's and its
+    function's ids (every read of `clock.now` makes a new bound method: a student's loop reading it at
+    each step gets one handle, not thousands, each vetted and kept). The first method object stays in
+    the table, which keeps both alive, so neither id can be reused while the key is in use."""
+    if type(obj) is types.MethodType:
+        return (id(obj.__self__), id(obj.__func__))
+    return id(obj)
+
+
 def _refuse_plainly(message: str):
     raise AssertionError(message)
 
@@ -200,7 +212,7 @@ class Handles:
         return h
 
     def _register_g(self, obj) -> int:
-        key = id(obj)
+        key = g_key(obj)
         if key in self.g_ids:
             return self.g_ids[key]
         h = len(self.g_objs)
