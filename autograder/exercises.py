@@ -144,6 +144,20 @@ EXERCISES: list[Exercise] = [
                   "at least one, and the largest count (all `int`s).")),
     E("nb07_admission_control", "break_it_config", 3, None,
       "break_it_config() -> dict(users, kv_tokens, max_tokens, watermark)"),
+    E("nb09_speculative_decoding", "target_tokens", 4, "course_lib.spec.verify:target_tokens",
+      "target_tokens(logits, drafts, draft_probs, params, generator) -> list of 1 + k token ids",
+      definition=("`target_tokens(logits, drafts, draft_probs, params, generator)`: greedy: the argmax at every "
+                  "position; sampled, with `p = target_probs(logits, params)` and `q = draft_probs` (`None`: "
+                  "q(d) = 1): draft i kept with probability `min(1, p_i(d) / q_i(d))`, the first rejected "
+                  "position drawn from `max(0, p_i - q_i)` renormalised (0 at the draft), all kept: position "
+                  "k drawn from `p_k`; positions after the first rejection hold any token id.")),
+    E("nb09_speculative_decoding", "StudentRollback", 4, "course_lib.scheduler.continuous:ContinuousScheduler",
+      "class StudentRollback(ContinuousScheduler): accept_drafts(request, entry, targets) -> FinishReason | None",
+      definition=("`StudentRollback.accept_drafts(request, entry, targets)`: appends the drafts up to the first "
+                  "one unlike the target's token and then that token (all agree: `targets[k]`), one at a time, "
+                  "stopping after the first that ends the request (returns its `FinishReason`, else `None`); "
+                  "`num_computed_tokens = entry.start + tokens appended`; pages past those the progress needs "
+                  "go back through `self.kv.truncate`.")),
 ]
 del E
 

@@ -9,4 +9,5 @@ MODULES = [
     "nb05_hundred_users",
     "nb06_prefix_caching",
     "nb07_admission_control",
+    "nb09_speculative_decoding",
 ]

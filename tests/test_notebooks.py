@@ -41,10 +41,11 @@ ASSIGNMENTS = [
     "05_hundred_users",
     "06_prefix_caching",
     "07_admission_control",
+    "09_speculative_decoding",
 ]
 # Demos: nothing to hand in (no graded cell), otherwise the same layout (title, badge, objectives, summary).
 DEMOS = ["08_live_serving"]
-NOTEBOOKS_ALL = ASSIGNMENTS + DEMOS
+NOTEBOOKS_ALL = sorted(ASSIGNMENTS + DEMOS)
 # Student notebooks executed in the default test run (the others with COURSE_STUDENT_NOTEBOOKS=all).
 DEFAULT_STUDENT_RUNS = ["00_setup", "06_prefix_caching"]
 

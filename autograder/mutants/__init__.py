@@ -24,6 +24,7 @@ E2E = {
     "nb05_hundred_users": ("latency_summary", "summary_nearest_rank"),
     "nb06_prefix_caching": ("page_keys", "keys_not_chained"),
     "nb07_admission_control": ("StudentWatermark", "AdmitsEverything"),
+    "nb09_speculative_decoding": ("target_tokens", "greedy_keeps_drafts"),
 }
 
 
