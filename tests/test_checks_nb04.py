@@ -75,10 +75,30 @@ def test_messages_name_the_broken_rule():
         mutants.vectorized_loops_over_pages: 'Rule "no loop over pages"',
         mutants.triton_unmasked_table_load: 'Rule "table entries of tokens only"',
     }
+    if checks.triton_device() == "cpu":  # the bfloat16 case runs in the interpreter only
+        hints[mutants.triton_in_bfloat16] = 'Rule "float32 or wider"'
     for mutant, expected in hints.items():
         exercise = next(e for e, ms in mutants.MUTANTS.items() if mutant in ms)
         message = verdict(exercise, mutant, 0)
         assert expected in message, f"{mutant.__name__}: {message}"
+
+
+@pytest.mark.skipif(checks.triton_device() != "cpu", reason="the arithmetic is watched in Triton's interpreter only")
+def test_bfloat16_arithmetic_is_noted_and_a_float32_accumulating_dot_is_not():
+    """The interpreter keeps bfloat16 as raw bits, so its bfloat16 case reads which operations ran on 16-bit
+    floats, not the answer: the mutant's products and sums in bfloat16 are noted; the reference (float32 once
+    loaded) and course_lib's kernel (bfloat16 operands into a float32 `tl.dot` accumulator, FlashAttention's
+    trade) have none."""
+    from course_lib.attention.triton_decode import paged_decode_triton
+
+    _, case = checks._triton_bf16_case(0)
+    with checks._float16_arithmetic() as ops:
+        mutants.triton_in_bfloat16(*case)
+    assert {("multiply", "bf16"), ("sum", "bf16")} <= set(ops), ops
+    for impl in (reference.paged_attention_triton, paged_decode_triton):
+        with checks._float16_arithmetic() as ops:
+            impl(*case)
+        assert ops == [], (impl.__name__, ops)
 
 
 def test_the_unfinished_kernel_raises_not_implemented():

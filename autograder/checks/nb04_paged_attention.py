@@ -18,7 +18,9 @@ engine (greedy tokens must not change); the vectorised one may not loop over tok
 lines it executes may not grow with the context length). The Triton kernel runs in Triton's CPU
 interpreter (or on the GPU when there is one) on small float32 shapes: its scores grow along the
 sequence across several blocks of BLOCK_N tokens, so an online softmax that forgets to rescale
-its running sums when the maximum grows is caught.
+its running sums when the maximum grows is caught. In the interpreter one more case runs on bfloat16
+inputs: its answer is not compared (the interpreter cannot compute in bfloat16), the dtype of every
+rounding operation the kernel runs is (float32 or wider).
 """
 from __future__ import annotations
 
@@ -354,6 +356,124 @@ def _triton_cases(seed: int):
     ]
 
 
+def _triton_bf16_case(seed: int):
+    """The bfloat16 case of the kernel: GQA, pages of 4, two or three blocks of BLOCK_N tokens. Its answer is
+    not compared (the interpreter cannot compute bfloat16: below); the arithmetic is watched instead."""
+    rng = random.Random(seed + 101)
+    return ("bfloat16 inputs: GQA (4 query heads, 2 KV heads, head_dim 16), pages of 4, scale 1",
+            _case(rng, 4, 2, 16, 4, [rng.randint(17, 40), rng.randint(3, 9)], torch.bfloat16, scale=1.0,
+                  table_slack=6))
+
+
+# Arithmetic whose result is rounded: done on 16-bit floats, it loses what float32 keeps. Comparisons, max,
+# min, where, negation, abs and conversions are exact in any dtype and are not noted.
+_ROUNDING_BINARY = frozenset({"add", "subtract", "multiply", "divide", "true_divide", "fmod", "remainder", "power"})
+_EXACT_UNARY = frozenset({"negative", "absolute", "fabs", "floor", "ceil", "trunc", "rint", "sign"})
+
+
+def _is_16_bit_float(dtype) -> bool:
+    scalar = getattr(dtype, "scalar", dtype)
+    return bool(getattr(scalar, "is_bf16", lambda: False)() or getattr(scalar, "is_fp16", lambda: False)())
+
+
+@contextlib.contextmanager
+def _float16_arithmetic():
+    """[(operation, dtype)]: the rounding operations the Triton interpreter ran on bfloat16 / float16 values
+    in the block (a product, a sum, an exp, a reduction's sum, a dot's accumulator). A `tl.dot` of 16-bit
+    operands into a float32 accumulator is float32 arithmetic (the products of two bfloat16 numbers are
+    exact in float32) and is not noted. Recorded as plain data, as `_table_reads`."""
+    from ..recording.active import active_membrane
+
+    active = active_membrane()
+    with _checking._hooked("float16_ops", [], _checking._fill_list) as ops:
+        if active is not None and active.mode == "replay":
+            yield ops
+            return
+        with _watch_float16_arithmetic(ops):
+            yield ops
+
+
+@contextlib.contextmanager
+def _watch_float16_arithmetic(ops):
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    reduce_ops = interpreter.ReduceOps
+
+    def note(what, dtype):
+        entry = (what, str(getattr(dtype, "scalar", dtype)))
+        if entry not in ops and len(ops) < 20:
+            ops.append(entry)
+
+    def binary_op(lhs, rhs, op):
+        if getattr(op, "__name__", "") in _ROUNDING_BINARY and _is_16_bit_float(lhs.dtype):
+            note(op.__name__, lhs.dtype)
+        return original["binary_op"](lhs, rhs, op)
+
+    def unary_op(arg, op):
+        if getattr(op, "__name__", "") not in _EXACT_UNARY and _is_16_bit_float(arg.dtype):
+            note(getattr(op, "__name__", "a unary operation"), arg.dtype)
+        return original["unary_op"](arg, op)
+
+    def create_fma(x, y, z):
+        if _is_16_bit_float(x.dtype):
+            note("fma", x.dtype)
+        return original["create_fma"](x, y, z)
+
+    def create_dot(a, b, d, *args, **kwargs):
+        if _is_16_bit_float(d.dtype):
+            note("dot accumulator", d.dtype)
+        return original["create_dot"](a, b, d, *args, **kwargs)
+
+    def reduce_sum(self, input):
+        if _is_16_bit_float(input.dtype):
+            note("sum", input.dtype)
+        return original_sum(self, input)
+
+    hooks = {"binary_op": binary_op, "unary_op": unary_op, "create_fma": create_fma, "create_dot": create_dot}
+    original = {name: getattr(builder, name) for name in hooks}
+    kept = {name: vars(builder)[name] for name in hooks if name in vars(builder)}  # instance attributes, if any
+    original_sum = reduce_ops.sum
+    for name, hook in hooks.items():
+        setattr(builder, name, hook)
+    reduce_ops.sum = reduce_sum
+    try:
+        yield
+    finally:
+        reduce_ops.sum = original_sum
+        for name in hooks:
+            if name in kept:
+                setattr(builder, name, kept[name])
+            else:
+                delattr(builder, name)  # the class's own method again
+
+
+def _check_triton_bf16(name, impl, seed, watched):
+    """In the interpreter: the kernel on bfloat16 inputs does its arithmetic in float32 (or wider). The
+    interpreter keeps bfloat16 values as raw 16-bit integers and its arithmetic on them (a product, a sum, a
+    `tl.dot`) works on those bits, and its conversion to bfloat16 truncates, so the answer of this case says
+    nothing and is not compared: which operations ran on 16-bit floats is what the check reads."""
+    label, case = _triton_bf16_case(seed)
+    shown = _describe(name, label, case)
+    given = [t.clone() for t in case[:5]]
+    with watch_calls(watched) as hits, _float16_arithmetic() as ops:
+        got = call(shown, impl, *given, case[5])
+    called = [(m, f) for m, f in hits if not (m == "course_lib.attention.triton_decode" and f in TRITON_DECODE_HELPERS)]
+    if called:
+        fail(f"{name} {REFERENCE_MESSAGE} (it calls {called[0][0]}.{called[0][1]})")
+    expect(is_tensor(got) and tuple(got.shape) == tuple(case[0].shape) and got.dtype == torch.bfloat16,
+           lambda: f"{shown}: must return a bfloat16 tensor of shape {list(case[0].shape)} (q's), got "
+                   f"{kind_of(got)} {list(got.shape) if is_tensor(got) else ''} {got.dtype if is_tensor(got) else ''}",
+           rule="shape and dtype")
+    if ops:
+        done = ", ".join(f"{what} ({dtype})" for what, dtype in ops[:6])
+        broke("float32 or wider",
+              f"{shown}: your kernel computed in 16-bit floats: {done}. Every score, weight and sum must be float32: "
+              "convert K and V up after loading them (`.to(tl.float32)`) and keep the products, exps and sums in "
+              "float32 (a `tl.dot` may take bfloat16 operands into its float32 accumulator); the given end rounds "
+              "the result to q's dtype once, when it stores it")
+
+
 TRITON_DECODE_HELPERS = ("interpreting", "num_sms", "_check_triton_mode", "_pow2_at_least")
 
 
@@ -382,6 +502,8 @@ def check_paged_attention_triton(impl, seed, allow_reference):
         called = [(m, f) for m, f in hits if not (m == triton_decode.__name__ and f in TRITON_DECODE_HELPERS)]
         if called:
             fail(f"{name} {REFERENCE_MESSAGE} (it calls {called[0][0]}.{called[0][1]})")
+    if device == "cpu":  # (on a GPU the arithmetic cannot be watched: the kernel compiles)
+        _check_triton_bf16(name, impl, seed, modules if not allow_reference else [])
     # A Triton kernel ran: `kernel[grid](...)` goes through triton/runtime/jit.py on the GPU and in
     # the interpreter alike (KernelInterface.__getitem__ returns a lambda that calls run). Watched in
     # a run of its own: the interpreter makes hundreds of calls there, which would crowd the

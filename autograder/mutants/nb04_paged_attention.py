@@ -216,7 +216,7 @@ def _kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_VALUES: tl.constexpr, RESCALE: tl.constexpr, SUBTRACT_MAX: tl.constexpr, USE_TABLE: tl.constexpr,
-    INCLUSIVE: tl.constexpr, OWN_SCALE: tl.constexpr, MASK_TABLE: tl.constexpr,
+    INCLUSIVE: tl.constexpr, OWN_SCALE: tl.constexpr, MASK_TABLE: tl.constexpr, LOW_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -256,7 +256,13 @@ def _kernel(
             v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
         else:
             v = tl.load(v_cache_ptr + offsets, mask=dim_ok[None, :], other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        if LOW_PRECISION:  # back to the cache's dtype: the block's products and sums in bfloat16
+            qk = q.to(k_cache_ptr.dtype.element_ty)
+            k = k.to(k_cache_ptr.dtype.element_ty)
+            v = v.to(v_cache_ptr.dtype.element_ty)
+        else:
+            qk = q
+        scores = tl.sum(qk[:, None, :] * k[None, :, :], axis=2) * scale
         scores = tl.where(tok_ok[None, :], scores, float("-inf"))
         if SUBTRACT_MAX:
             m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -268,7 +274,7 @@ def _kernel(
         p = tl.exp(scores - m_new[:, None])
         if RESCALE:
             l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p.to(v.dtype)[:, :, None] * v[None, :, :], axis=1)
         else:
             l = l + tl.sum(p, axis=1)
             acc = acc + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
@@ -285,7 +291,7 @@ def _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, **flags):
     out = torch.empty_like(q)
     group = num_heads // num_kv_heads
     options = dict(MASK_VALUES=True, RESCALE=True, SUBTRACT_MAX=True, USE_TABLE=True, INCLUSIVE=False,
-                   OWN_SCALE=False, MASK_TABLE=True)
+                   OWN_SCALE=False, MASK_TABLE=True, LOW_PRECISION=False)
     options.update(flags)
     _kernel[(num_seqs, num_kv_heads)](
         q, k_cache, v_cache, block_tables, seq_lens.to(torch.int32).contiguous(), out, float(scale),
@@ -332,6 +338,12 @@ def triton_recomputes_scale(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, OWN_SCALE=True)
 
 
+def triton_in_bfloat16(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Keeps q, K and V in the cache's dtype for the block's arithmetic: with bfloat16 inputs the scores, the
+    weighted values and their sums over a block are computed and rounded in bfloat16 (float32 inputs: right)."""
+    return _triton(q, k_cache, v_cache, block_tables, seq_lens, scale, LOW_PRECISION=True)
+
+
 def triton_torch_wrapper(q, k_cache, v_cache, block_tables, seq_lens, scale):
     """Right numbers, but no kernel: the wrapper computes the attention with torch."""
     return _vectorized(q.double(), k_cache.double(), v_cache.double(), block_tables, seq_lens, scale).to(q.dtype)
@@ -346,5 +358,5 @@ MUTANTS = {
                                    vectorized_no_max_trick, vectorized_in_bfloat16, vectorized_loops_over_pages],
     "paged_attention_triton": [triton_masks_scores_not_values, triton_unmasked_table_load, triton_no_rescale, triton_no_max,
                                triton_logical_pages, triton_mask_off_by_one, triton_recomputes_scale,
-                               triton_torch_wrapper],
+                               triton_torch_wrapper, triton_in_bfloat16],
 }
