@@ -75,3 +75,42 @@ def test_its_first_mutant_fails_through_the_membrane_with_the_same_message(exerc
     assert "does not answer" not in message, f"the mutant should fail the check itself, not diverge: {message}"
     assert message == f"AssertionError: {outcome}", ("the replay's verdict differs from the kernel's:\n"
                                                      f"kernel: {outcome}\nreplay: {message}")
+
+
+def _function_counterparts():
+    import inspect
+
+    from check_support import counterpart
+
+    found = []
+    for e in EXERCISES:
+        if e.counterpart and inspect.isfunction(counterpart(e.adapter)):
+            found.append(e)
+    return found
+
+
+@pytest.mark.parametrize("exercise", _function_counterparts(), ids=lambda e: e.adapter)
+def test_a_wrapper_of_course_libs_piece_gets_the_same_verdict_on_replay(exercise, recorded):
+    """A function that merely calls course_lib's counterpart: where the kernel refuses it (forbid_calls), the
+    grader's replay must refuse it too. (forbid_calls once read the watched calls before the replay had
+    filled them in from the record, so such a wrapper failed in the notebook and passed the grade.)"""
+    from check_support import counterpart
+
+    piece = counterpart(exercise.adapter)
+
+    def wrapper(*args, **kwargs):
+        return piece(*args, **kwargs)
+
+    wrapper.__name__ = exercise.adapter
+    entry, outcome = recorded(exercise, wrapper)
+    ok, message = replay(get_check(exercise.adapter), entry)
+    if outcome is None:
+        assert ok, f"the wrapper passes in the kernel but not on replay: {message}"
+    else:
+        assert not ok, f"the wrapper fails in the kernel ({outcome[:200]}) but passes on the grader's replay"
+        assert message == f"AssertionError: {outcome}"
+
+
+def test_wrappers_are_refused_somewhere():
+    """The test above is not vacuous: course_lib's pieces that are plain functions exist in several notebooks."""
+    assert len(_function_counterparts()) >= 5
