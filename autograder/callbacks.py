@@ -52,6 +52,7 @@ import torch
 ENGINE_PACKAGES = ("course_lib.engine", "course_lib.engine_config", "course_lib.runner", "course_lib.runner_batch",
                    "course_lib.sampler", "course_lib.clock", "course_lib.static_batching", "course_lib.kv",
                    "course_lib.scheduler", "course_lib.model", "course_lib.attention", "course_lib.sim",
+                   "course_lib.spec",  # the drafters and the acceptance rule the step calls (speculative decoding)
                    "autograder.checks")
 
 # Modules (and packages) whose functions reach outside the process's memory: files, processes,
