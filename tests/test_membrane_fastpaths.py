@@ -1,14 +1,21 @@
 """The recording's fast paths (issue 23, throughput) decide exactly what the general code decides:
 plain values inside containers, callback decisions kept per (operation, name, class), a tensor's
-digest kept while the tensor is unchanged."""
+digest kept while the tensor is unchanged, an operation without arguments recorded without them, one
+handle per bound method; and the garbage collector frozen only while a check call runs."""
 from __future__ import annotations
 
 import collections
+import gc
+import json
 
 import torch
 
 from autograder import callbacks
+from autograder import record as R
+from autograder.checks.nb00_setup import check_kv_bytes_per_token
 from autograder.membrane import Membrane
+from autograder.recording.active import activated
+from autograder.replay import replay
 from course_lib import SamplingParams
 from course_lib.kv.manager import KVCacheManager
 from course_lib.scheduler.request import Request
@@ -67,3 +74,71 @@ def test_what_a_decision_depends_on_is_in_its_key():
     assert key("call", None, Base().run) != key("call", None, Child().run), "a method's owner class is in the key"
     assert key("getattr", "x", Base()) != key("getattr", "x", Child()) != key("getattr", "y", Child())
     assert key("call", None, Base) is None, "a class itself is decided each time"
+
+
+def _kv_reading_the_config(config, bytes_per_elem):
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
+
+
+def test_an_operation_without_arguments_is_recorded_without_them_and_replays_either_way(tmp_path):
+    path = tmp_path / "record.jsonl"
+    R.start(str(path))
+    try:
+        check_kv_bytes_per_token(_kv_reading_the_config, seed=0)
+    finally:
+        R.SESSION = None
+    entry = json.loads(path.read_text().splitlines()[0])
+    reads = [e for e in entry["events"] if e["k"] == "O" and e["op"] == "getattr"]
+    assert reads and all("a" not in e for e in reads), reads[:2]
+    assert not any("m" in e for e in entry["events"] if e["k"] == "Sr"), "no argument changed"
+    assert replay(check_kv_bytes_per_token, entry) == (True, "")
+    # The arguments spelled out (as a record written before, or by hand) mean the same; a null does not.
+    spelled = json.loads(json.dumps(entry))
+    for e in spelled["events"]:
+        if e["k"] == "O" and "a" not in e:
+            e["a"] = {"L": [{"L": []}, {"D": []}]}
+    assert replay(check_kv_bytes_per_token, spelled) == (True, "")
+    broken = json.loads(json.dumps(entry))
+    next(e for e in broken["events"] if e["k"] == "O")["a"] = None
+    ok, message = replay(check_kv_bytes_per_token, broken)
+    assert not ok and "malformed arguments" in message, message
+
+
+def test_a_bound_method_read_twice_is_one_handle():
+    from course_lib.sim.clock import SimulatedClock
+
+    m = Membrane("record")
+    clock = m._g_proxy(m._register_g(SimulatedClock()))
+    m.depth = 1  # (as inside a call of the student's code)
+    first, again = clock.now, clock.now
+    assert first is again and len(m.g_objs) == 2, m.g_objs
+    assert first() == again() == 0.0
+    other = m._g_proxy(m._register_g(SimulatedClock()))
+    assert other.now is not first, "another object's method is another handle"
+
+
+def test_the_collector_skips_older_objects_only_while_a_check_call_runs():
+    assert gc.get_freeze_count() == 0
+    m = Membrane("record")
+    with activated(None):
+        assert gc.get_freeze_count() == 0, "no membrane, no freeze"
+    with activated(m):
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with activated(m):  # a check called inside a check: thawed only when the outer one ends
+            assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() >= frozen
+    assert gc.get_freeze_count() == 0
+    try:
+        with activated(m):
+            raise KeyError("a check that raises")
+    except KeyError:
+        pass
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # frozen by the notebook itself: left frozen
+    try:
+        with activated(m):
+            pass
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
