@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib import kernel_cache
+
 from . import sandbox_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +55,7 @@ UID_BASE, UID_COUNT = 60000, 1000
 # solutions written differently) or the grader's mutants: hidden in the sandbox.
 INSTRUCTOR_ONLY = ("reference", "controls", "mutants")
 LOCK_DIR = Path("/tmp/autograder-uids")
+PREBUILT_KERNELS = "/course/kernels"  # where the sandbox sees the grader's compiled kernels
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,11 @@ def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
     for private in INSTRUCTOR_ONLY:  # the answer key and the other right answers: not for students' eyes
         if (ROOT / "autograder" / private).is_dir():
             args += ["--tmpfs", f"/course/autograder/{private}"]
+    # The grader's compiled C kernels, read-only: the notebook loads them instead of compiling its own in
+    # its private /tmp (course_lib/kernel_cache.py; ~2 s a notebook). Keyed by source, flags and CPU.
+    kernels = kernel_cache.cache_dir()
+    if kernels.is_dir():
+        args += ["--ro-bind", str(kernels), PREBUILT_KERNELS]
     args += ["--ro-bind", str(job / "in"), "/job",
              "--bind", str(job / "work"), "/work",
              "--bind", str(job / "out"), "/out"]
@@ -122,6 +130,8 @@ def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
            "PYTHONPATH": "/course", "TMPDIR": "/tmp", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime",
            "JUPYTER_DATA_DIR": "/tmp/jupyter-data", "IPYTHONDIR": "/tmp/ipython", "MPLCONFIGDIR": "/tmp/mpl",
            "MPLBACKEND": "Agg", "COURSE_LIB_KERNEL_CACHE": "/tmp/kernels", "LANG": "C.UTF-8"}
+    if kernels.is_dir():
+        env[kernel_cache.PREBUILT_ENV] = PREBUILT_KERNELS
     for k, v in env.items():
         args += ["--setenv", k, v]
     return args

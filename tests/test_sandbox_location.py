@@ -179,3 +179,20 @@ def test_grade_still_wants_notebooks_and_json_without_the_doctor():
     done = subprocess.run([sys.executable, "-m", "autograder", "grade"], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "--json" in done.stderr, done.stderr
+
+
+def test_the_sandbox_loads_the_graders_compiled_kernels_instead_of_compiling(tmp_path):
+    """The grader's kernel cache is mounted read-only and looked in first: a notebook's C kernel is the
+    grader's build (before, every notebook compiled its own in its private /tmp: ~2 s each)."""
+    if sb.available() is not None:
+        pytest.skip(f"no sandbox here: {sb.available()}")
+    from course_lib.model import cpu_forward
+
+    assert cpu_forward.available()[0], "the grader builds its kernels first (as verdict._prepare_replay does)"
+    job = tmp_path / "job"
+    probe = ("from course_lib.model import cpu_forward; import torch; "
+             "lib = cpu_forward.KERNEL.load(torch.float32); print(lib._name)")
+    result = sb.run_job(job, [sys.executable, "-c", probe], budget_s=120)
+    where = result.report.decode().strip()
+    assert result.rc == 0, result.log_tail
+    assert where.startswith(sb.PREBUILT_KERNELS + "/"), f"the sandbox compiled its own kernel: {where}"
