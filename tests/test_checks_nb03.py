@@ -1,8 +1,13 @@
 """Notebook 03's checks (paged KV): the generated reference and course_lib's counterparts pass on every
-graded seed (that every mutant fails and every control passes on every graded seed, with a message
-naming the rule, is tested for all notebooks in tests/test_exercise_table.py); handing in course_lib
-(or a thin wrapper of it) is refused. Run times are printed (no timed assertion: speed is not a
-test)."""
+graded seed; handing in course_lib (or a thin wrapper of it) is refused; each mutant listed in
+RULE_MESSAGES (the pool) or FLAT_BATCH_MESSAGES (the flat batch) fails on seed 0 with a message that
+holds the words listed for it; and a few single cases (both hook defaults in one message,
+ScheduledRequest.slots refused, the page grid, BlockPool.free all or nothing). That every mutant fails
+and every control passes on every graded seed is tested for all notebooks in
+tests/test_exercise_table.py, which asks of a mutant's message only that it be longer than 40
+characters and not say "internal": it looks for no rule's name, so only the two lists here tie a
+message to what its mutant broke. Run times are printed by check_support.verdict (no timed assertion:
+speed is not a test)."""
 from __future__ import annotations
 
 import pytest
