@@ -1,4 +1,4 @@
-"""Honest notebooks written blind (issue 23): two helpers wrote every exercise of the course from the
+"""Honest notebooks written blind (issue 23; notebook 09 from its own trial, issue 27): helpers wrote every exercise of the course from the
 released notebooks' text alone (no hint before an attempt, no solution, no checks, no course_lib
 source of the piece), one notebook each in tests/data/blind_honest/<student>/<assignment>/. Graded by
 `python -m autograder grade`'s own code against the course's sources, in one batch, each must get
@@ -21,7 +21,7 @@ def test_blind_honest_notebooks_get_full_marks_and_no_flag(tmp_path):
     submitted = tmp_path / "submitted"
     shutil.copytree(BLIND, submitted)
     paths = sorted(submitted.glob("*/*/*.ipynb"))
-    assert len(paths) == 8, "one blind notebook for each graded notebook of the course"
+    assert len(paths) == 9, "one blind notebook for each graded notebook of the course"
     result = G.grade(paths, source_dir=ROOT / "solutions", jobs=2, out_dir=tmp_path / "results",
                      html_dir=tmp_path / "html", roots=[submitted], progress=False)
     for entry in result["notebooks"]:
