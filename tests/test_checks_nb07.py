@@ -78,13 +78,17 @@ RULE_MUTANTS = {
     "StudentRecompute": {"a running victim": ["VictimOldest", "VictimLargest", "VictimLeastWork"],
                          "front of the queue": ["RequeueAtBack"], "progress restarts": ["KeepsProgress"],
                          "pages through the manager": ["NeverFreesPages"], "in place": ["RebindsQueues"],
-                         "not counted": ["CountsItself"], "tokens kept": ["RestartsAnswer"]},
+                         "not counted": ["CountsItself"], "tokens kept": ["RestartsAnswer"],
+                         "only answers": ["ChoosingTakesOut"], "out of the batch": ["LeavesVictimRunning"],
+                         "status preempted": ["StatusStillRunning"], "same answers": ["AnswerIntoPrompt"]},
     "break_it_config": {"holds the largest request": ["break_it_pool_below_largest_request"],
                         "breaks without control": ["break_it_too_light"],
                         "values in range": ["break_it_watermark_in_percent"]},
     "StudentWatermark": {"a valid fraction": ["NoValidation"], "exactly is allowed": ["StrictlyAbove"],
-                         "count every page": ["IgnoresCachedPages"]},
-    "preemption_report": {"distinct requests": ["report_events_as_requests"], "any engine state": ["report_finished_only"]},
+                         "count every page": ["IgnoresCachedPages"], "only decides": ["ReservesPages"]},
+    "preemption_report": {"distinct requests": ["report_events_as_requests"], "any engine state": ["report_finished_only"],
+                          "every event": ["report_counts_steps"], "the worst case": ["report_max_from_steps"],
+                          "plain ints": ["report_numpy_counts"]},
 }
 
 

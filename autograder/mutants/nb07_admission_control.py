@@ -58,6 +58,16 @@ class NoValidation(_Watermark):
         self.watermark = watermark
 
 
+class ReservesPages(_Watermark):
+    """Allocates the pages of a request it admits ("reserving" them): the scheduler then allocates them again."""
+
+    def can_admit(self, request, num_new_tokens, cached_pages, kv, running):
+        admit = super().can_admit(request, num_new_tokens, cached_pages, kv, running)
+        if admit:
+            kv.allocate(request, num_new_tokens, cached_pages)
+        return admit
+
+
 class WatermarkInPages(_Watermark):
     """Treats the watermark fraction as a number of pages."""
 
@@ -101,6 +111,15 @@ def report_finished_only(engine):
     counts = [r.num_preemptions for r in engine.requests.values() if r.is_finished]
     return {"preemptions": sum(counts), "preempted_requests": sum(1 for c in counts if c > 0),
             "max_preemptions_one_request": max(counts, default=0)}
+
+
+def report_numpy_counts(engine):
+    """Counts with numpy: right numbers, but numpy integers, not plain ints."""
+    import numpy as np
+
+    counts = np.array([r.num_preemptions for r in engine.requests.values()], dtype=np.int64)
+    return {"preemptions": counts.sum(), "preempted_requests": (counts > 0).sum(),
+            "max_preemptions_one_request": counts.max(initial=0)}
 
 
 def report_skips_failed(engine):
@@ -263,6 +282,31 @@ class RebindsQueues(_Recompute):
         self.waiting = type(self.waiting)([request, *self.waiting])
 
 
+class ChoosingTakesOut(_Recompute):
+    """Takes the victim out of the running list as it names it (self.running.pop()): the engine always preempts
+    whom it names, but a scheduler that only asks loses a running request."""
+
+    def choose_victim(self):
+        return self.running.pop()
+
+    def preempt(self, request):
+        if request in self.running:
+            self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+
+class AnswerIntoPrompt(_Recompute):
+    """Appends the victim's answer to its prompt "so the recompute sees it": the answer is kept, but the
+    context now holds it twice, and every later token is predicted from that context."""
+
+    def preempt(self, request):
+        super().preempt(request)
+        request.prompt_token_ids.extend(request.output_token_ids)
+
+
 class StatusStillRunning(_Recompute):
     """Leaves the victim's status at RUNNING although it waits in the queue."""
 
@@ -273,13 +317,13 @@ class StatusStillRunning(_Recompute):
 
 MUTANTS = {
     "StudentWatermark": [AdmitsEverything, IgnoresOwnNeed, StrictlyAbove, FloorPages, IgnoresCachedPages, NoValidation,
-                         WatermarkInPages],
+                         WatermarkInPages, ReservesPages],
     "preemption_report": [report_running_only, report_events_as_requests, report_max_from_steps, report_counts_steps,
-                          report_finished_only, report_skips_failed],
+                          report_finished_only, report_skips_failed, report_numpy_counts],
     "break_it_config": [break_it_pool_below_largest_request,
                         break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
                         break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
     "StudentRecompute": [VictimOldest, VictimLargest, VictimLeastWork, RequeueAtBack, KeepsProgress,
                          LeavesVictimRunning, NeverFreesPages, FreesPoolNotManager, RestartsAnswer, CountsItself,
-                         RebindsQueues, StatusStillRunning],
+                         RebindsQueues, StatusStillRunning, ChoosingTakesOut, AnswerIntoPrompt],
 }
