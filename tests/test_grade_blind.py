@@ -21,7 +21,9 @@ def test_blind_honest_notebooks_get_full_marks_and_no_flag(tmp_path):
     submitted = tmp_path / "submitted"
     shutil.copytree(BLIND, submitted)
     paths = sorted(submitted.glob("*/*/*.ipynb"))
-    assert len(paths) == 9, "one blind notebook for each graded notebook of the course"
+    graded = {e.assignment for e in EXERCISES}
+    assert sorted({p.parent.name for p in paths}) == sorted(graded), "one blind notebook for each graded notebook"
+    assert len(paths) == len(graded), "one blind notebook for each graded notebook, no more"
     result = G.grade(paths, source_dir=ROOT / "solutions", jobs=2, out_dir=tmp_path / "results",
                      html_dir=tmp_path / "html", roots=[submitted], progress=False)
     for entry in result["notebooks"]:
