@@ -32,8 +32,11 @@ import importlib
 import sys
 import types
 
-# Checks are reloaded in this order (dependencies first); the guard never reloads itself.
-_RELOAD_FIRST = ("autograder._checking", "autograder.fixtures", "autograder.checks")
+# Checks are reloaded in this order (dependencies first: `_checking` re-exports the helper modules'
+# names, so they are fresh before it); the guard never reloads itself.
+_RELOAD_FIRST = ("autograder.user_code", "autograder.check_failures", "autograder.check_values",
+                 "autograder.reference_refusal", "autograder.check_hooks", "autograder._checking",
+                 "autograder.fixtures", "autograder.checks")
 
 _STDLIB_OWNERS = ("math", "operator", "random", "functools", "itertools", "copy")
 _THIRD_PARTY_OWNERS = ("torch", "torch.nn.functional", "torch.testing", "numpy", "numpy.testing")

@@ -84,3 +84,20 @@ def test_no_autograder_module_imports_itself_back():
 @pytest.mark.parametrize("name", sorted(set(MODULES) - NOT_IMPORTED))
 def test_every_module_imports(name):
     importlib.import_module(name)
+
+
+def test_the_guard_reloads_each_check_helper_before_the_modules_that_import_it():
+    """The grader's guard reloads the checks' modules from disk before every graded cell, in
+    `autograder.integrity._RELOAD_FIRST`'s order. `_checking` re-exports its helper modules' names, so a
+    helper reloaded after it (or not at all) would leave the checks holding what a submission made of it."""
+    from autograder.integrity import _RELOAD_FIRST
+
+    order = list(_RELOAD_FIRST)
+    for position, name in enumerate(order):
+        late = sorted(d for d in _imported(name, MODULES[name]) if d in order and order.index(d) > position)
+        assert not late, f"{name} is reloaded before {late}, which it imports"
+    checking = ast.parse(MODULES["autograder._checking"].read_text(encoding="utf-8"))
+    sources = {f"autograder.{node.module}" for node in checking.body
+               if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+    missing = sorted(s for s in sources if s in MODULES and s not in order)
+    assert not missing, f"_checking re-exports names from modules the guard never reloads: {missing}"
