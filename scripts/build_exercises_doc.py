@@ -66,6 +66,10 @@ def build() -> str:
     missing = [m for m in modules if not (PAGES / f"{m}.md").exists()]
     if missing:
         raise SystemExit(f"no page for {', '.join(missing)}: write docs/exercises/<module>.md")
+    listing = [m for m in modules if "graded seeds:" in (PAGES / f"{m}.md").read_text(encoding="utf-8").lower()]
+    if listing:  # one place says where the seeds are (SEEDS below), and it lists no hidden one
+        raise SystemExit(f"docs/exercises/{listing[0]}.md lists graded seeds: the hidden ones live only in the "
+                         "solution notebooks; remove the line (docs/exercises.md says where the seeds come from)")
     total = sum(e.points for e in EXERCISES)
     parts = [HEADER,
              f"## The table ({len(EXERCISES)} graded exercises, {total:g} points)\n",
