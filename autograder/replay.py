@@ -15,6 +15,8 @@ StudentScheduler and three budget_sweep calls). Each limit is about four times t
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import re
 import sys
@@ -156,7 +158,8 @@ def parse_record(raw: bytes | None, wanted=None) -> Record:
             _refuse(rec, _asked(_named(line), wanted), lineno, why)
             continue
         try:
-            entry = json.loads(line)
+            with _collector_paused():
+                entry = json.loads(line)
         except (ValueError, UnicodeDecodeError, RecursionError):
             _refuse(rec, _asked(_named(line), wanted), lineno, "is not JSON")
             continue
@@ -182,6 +185,21 @@ def parse_record(raw: bytes | None, wanted=None) -> Record:
     if rec.ignored:
         rec.problems.append(f"{rec.ignored} record line(s) name checks that no test cell calls: ignored")
     return rec
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The garbage collector off while one line is parsed. Parsing allocates millions of containers, and
+    each of the collector's passes walks every object of the process (torch's included): a 13 MB line
+    took 0.65-0.87 s with it on and 0.32-0.46 s off. Parsed JSON holds no cycles, so it leaves no
+    garbage only the collector could free."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _refuse(rec: Record, key, lineno: int, why: str) -> None:

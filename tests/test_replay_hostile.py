@@ -321,3 +321,20 @@ def _is_open(fd: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_parsing_leaves_the_collector_as_it_found_it():
+    """parse_record pauses the garbage collector around each line's JSON (a speed-up): a line that is not
+    JSON must not leave it off, and a caller that had it off keeps it off."""
+    import gc
+
+    raw = b'{"exercise": "x", "seed": 0, "events": []}\n{not json\n'
+    assert gc.isenabled()
+    rec = parse_record(raw)
+    assert gc.isenabled() and len(rec.entries) == 1 and any("not JSON" in p for p in rec.problems)
+    gc.disable()
+    try:
+        parse_record(raw)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
