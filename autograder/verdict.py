@@ -12,6 +12,7 @@ the kernel (that evidence can only lower a score) AND every planned check passes
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from dataclasses import dataclass
@@ -111,17 +112,11 @@ def _evidence(value) -> list[dict]:
     return out
 
 
-_PREPARED = False
-
-
+@functools.cache  # once per process
 def _prepare_replay() -> None:
     """Once per process, before the first fork: import course_lib's engine packages (the replay
     looks the record's classes up among imported modules, never imports one for it) and build
     course_lib's C kernels (the replay's process may write no file, so it could not build them)."""
-    global _PREPARED
-    if _PREPARED:
-        return
-    _PREPARED = True
     import pkgutil
 
     from .callbacks import ENGINE_PACKAGES
