@@ -94,26 +94,44 @@ def check(name: str, forbidden=lambda: (), allowed_bases=lambda: ()):
     return decorate
 
 
-def drive(engine, who: str, max_steps: int = 2000, on_step=None) -> None:
-    """Step `engine` until every request is finished; a stall or an engine error is a failure."""
-    for _ in range(max_steps):
+OUT_OF_PAGES = (None, "The pool ran out of pages: before allocating, make room (the scheduler preempts the youngest "
+                      "request with self._make_room) or check kv.can_allocate.")
+STALLED = (None, ": requests are being lost or never retired")
+
+
+def drive(engine, who: str, max_steps: int = 2000, on_step=None, *, out_of_pages=OUT_OF_PAGES,
+          stalled=STALLED) -> None:
+    """Step `engine` until every request is finished, calling `on_step(engine)` after each step; an engine
+    error, or requests still unfinished after `max_steps` steps (a request starved or never retired: it
+    fails within a second instead of hanging), is a failure. `out_of_pages` and `stalled` are (rule, words):
+    the rule the failure names (None: none) and what it adds when the pool ran out of pages, or for a stall."""
+    for step in range(max_steps):
         if not engine.has_unfinished_requests:
             return
         try:
             engine.step()
         except (NotImplementedError, _AssertionError):
             raise
-        except Exception as exc:  # noqa: BLE001
-            hint = ""
+        except Exception as exc:  # noqa: BLE001 - the engine failed under the student's decisions
+            failed = f"{who}: the engine failed mid-run (step {step}) with {describe_exception(exc)}"
             if type(exc).__name__ == "OutOfPages":
-                hint = (" The pool ran out of pages: before allocating, make room (the scheduler "
-                        "preempts the youngest request with self._make_room) or check kv.can_allocate.")
-            fail(f"{who}: the engine failed mid-run with {describe_exception(exc)}.{hint}")
+                rule, hint = out_of_pages
+                expect(False, f"{failed}. {hint}", rule=rule)
+            fail(failed)
         if on_step is not None:
             on_step(engine)
     stuck = [r.request_id for r in engine.requests.values() if not r.is_finished]
-    fail(f"{who}: {len(stuck)} request(s) ({', '.join(stuck[:5])}) were still unfinished after "
-         f"{max_steps} engine steps: requests are being lost or never retired")
+    rule, why = stalled
+    expect(False, f"{who}: {len(stuck)} request(s) ({', '.join(stuck[:5])}) were still unfinished after {max_steps} "
+                  f"engine steps{why}", rule=rule)
+
+
+def expect_greedy_answers(engine, want, explain, rule: str | None = None) -> None:
+    """Every request `r<i>` of `engine` produced `want[i]` (the model's greedy answer, computed by the check
+    without the student's piece); else fail with `explain(i, got, wanted)`: what a difference means here."""
+    for i, wanted in enumerate(want):
+        got = engine.requests[f"r{i}"].output_token_ids
+        expect(got == wanted, lambda: explain(i, got, wanted), rule=rule)  # noqa: B023 - called at once
 
 
 class RunnerLedger:

@@ -28,8 +28,8 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.scheduler.output import StepStats
 
 from .. import fixtures
-from .._checking import (RunnerLedger, broke, call, check, expect, fail, forbid_calls, kind_of, plain_float, plain_int,
-                         pristine, same_float, show)
+from .._checking import (RunnerLedger, broke, call, check, drive, expect, expect_greedy_answers, fail, forbid_calls,
+                         kind_of, plain_float, plain_int, pristine, same_float, show)
 from .._checking import _AssertionError as _CheckFailure
 
 
@@ -304,31 +304,13 @@ def _scripted_engine(impl, config: EngineConfig, admission, specs, scenario, amp
 
 
 def _drive(engine, who: str, max_steps: int, on_step=None) -> None:
-    """Step `engine` until every request is finished, at most `max_steps` steps (a scheduler that starves
-    a request, or never retires one, fails here within a second instead of hanging)."""
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests:
-            return
-        try:
-            engine.step()
-        except (NotImplementedError, _CheckFailure):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the engine failed under the student's decisions
-            from .._checking import describe_exception
-
-            if type(exc).__name__ == "OutOfPages":
-                broke("never out of pages",
-                      f"{who}: the engine failed mid-run with {describe_exception(exc)}. The pool ran out of pages: "
-                      "before a running request grows, make room for it (self._make_room preempts the youngest); "
-                      "a waiting request starts only if self.kv.can_allocate says its pages are free")
-            fail(f"{who}: the engine failed mid-run with {describe_exception(exc)}")
-        if on_step is not None:
-            on_step(engine)
-    stuck = [r.request_id for r in engine.requests.values() if not r.is_finished]
-    broke("nobody starves",
-          f"{who}: {len(stuck)} request(s) ({', '.join(stuck[:5])}) were still unfinished after {max_steps} engine "
-          "steps (the check's cap; the reference needs far fewer): a request that is never served, never admitted "
-          "or never retired starves")
+    """`drive`, naming this notebook's rules: running out of pages, and a request that starves."""
+    drive(engine, who, max_steps, on_step, out_of_pages=(
+        "never out of pages", "The pool ran out of pages: before a running request grows, make room for it "
+        "(self._make_room preempts the youngest); a waiting request starts only if self.kv.can_allocate says its "
+        "pages are free"), stalled=(
+        "nobody starves", " (the check's cap; the reference needs far fewer): a request that is never served, never "
+        "admitted or never retired starves"))
 
 
 def _finish_checks(engine, scenario, specs, ledger):
@@ -507,12 +489,10 @@ def check_StudentScheduler(impl, seed, allow_reference):
         engine.add_request(p, SamplingParams(max_tokens=8), request_id=f"r{i}")
     with forbid_calls(name, _reference_modules(), enabled=not allow_reference):
         _drive(engine, f"{name} (float64 model, 14-page pool)", max_steps=400)
-    for i, w in enumerate(want):
-        got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"{name}: serving the float64 model, request r{i} (prompt of {len(prompts[i])} tokens) "
-                         f"produced {got}, but the model's greedy answer is {w}: a chunk or a decode was scheduled "
-                         "with the wrong start / number of tokens, or a request resumed from the wrong point",
-               rule="identical answers")
+    expect_greedy_answers(engine, want, lambda i, got, w: (
+        f"{name}: serving the float64 model, request r{i} (prompt of {len(prompts[i])} tokens) produced {got}, but "
+        f"the model's greedy answer is {w}: a chunk or a decode was scheduled with the wrong start / number of "
+        "tokens, or a request resumed from the wrong point"), rule="identical answers")
     ledger.expect_requests_match(engine, f"{name} (float64 model, 14-page pool)")
     expect(engine.pool.num_free_pages == engine.pool.num_pages,
            f"{name}: after serving the model, {engine.pool.num_pages - engine.pool.num_free_pages} pages are still used",

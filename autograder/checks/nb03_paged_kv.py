@@ -17,7 +17,7 @@ import random
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, broke, call, check, describe_exception, drive, expect, expect_unchanged, fail, forbid_calls, is_tensor,
+from .._checking import (REFERENCE_MESSAGE, broke, call, check, describe_exception, drive, expect, expect_greedy_answers, expect_unchanged, fail, forbid_calls, is_tensor,
                          kind_of, plain_int, pristine, show, watch_calls)
 
 
@@ -326,12 +326,11 @@ def _serve_with_prefix_cache(impl, seed, name):
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{i}")
     drive(engine, f"{name} (prefix caching on, a 12-page pool, 12 prompts sharing 3 system prompts)", max_steps=400)
-    for i, w in enumerate(want):
-        got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"{name} with prefix caching on: request r{i} (prompt {prompts[i]}) produced {got} instead of "
-                         f"the model's greedy answer {w}: a page reused by allocate still looked cached (call "
-                         "self.on_evict(page) when handing out a page for which self.is_cached(page) is True), or a "
-                         "shared page was handed out while in use", rule="evict only on reuse")
+    expect_greedy_answers(engine, want, lambda i, got, w: (
+        f"{name} with prefix caching on: request r{i} (prompt {prompts[i]}) produced {got} instead of the model's "
+        f"greedy answer {w}: a page reused by allocate still looked cached (call self.on_evict(page) when handing "
+        "out a page for which self.is_cached(page) is True), or a shared page was handed out while in use"),
+        rule="evict only on reuse")
     hits = engine.prefix_cache.hit_tokens
     expect(hits > 0, f"{name} with prefix caching on: expected some prompt tokens served from the cache (12 prompts, "
                      f"3 system prompts), got {hits}: free pages must keep their contents until they are reused", rule="evict only on reuse")
@@ -363,11 +362,10 @@ def check_StudentBlockPool(impl, seed, allow_reference):
         for i, p in enumerate(prompts):
             engine.add_request(p, SamplingParams(max_tokens=8), request_id=f"r{i}")
         drive(engine, f"{name} (serving a float64 model from a 12-page pool)", max_steps=400)
-    for i, w in enumerate(want):
-        got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"{name}: serving a float64 model with your pool, request r{i} produced {got} instead of the "
-                         f"model's greedy answer {w}: two requests were given the same page, so one overwrote the "
-                         "other's keys and values", rule="distinct free pages")
+    expect_greedy_answers(engine, want, lambda i, got, w: (
+        f"{name}: serving a float64 model with your pool, request r{i} produced {got} instead of the model's greedy "
+        f"answer {w}: two requests were given the same page, so one overwrote the other's keys and values"),
+        rule="distinct free pages")
     expect(pool.num_free_pages == 12, f"{name}: after the engine finished every request, {12 - pool.num_free_pages} "
                                       "of 12 pages are still used: freed pages must return to the free list",
            rule="the books")
@@ -751,10 +749,9 @@ def _serve_through_builder(impl, seed, allow_reference, config, label):
         engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{i}")
     drive(engine, f"build_flat_batch ({label})", max_steps=300)
     expect(calls[0] > 0, f"build_flat_batch ({label}): the engine never called the builder")
-    for i, w in enumerate(want):
-        got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"build_flat_batch ({label}): request r{i} (prompt {prompts[i]}) produced {got} instead of "
-                         f"the model's greedy answer {w}")
+    expect_greedy_answers(engine, want, lambda i, got, w: (
+        f"build_flat_batch ({label}): request r{i} (prompt {prompts[i]}) produced {got} instead of the model's "
+        f"greedy answer {w}"))
     return engine
 
 

@@ -34,7 +34,7 @@ import torch
 from course_lib import EngineConfig, LLMEngine, SamplingParams
 
 from .. import _checking, fixtures
-from .._checking import (REFERENCE_MESSAGE, broke, call, check, count_user_lines, describe_exception, drive, expect, expect_unchanged, fail,
+from .._checking import (REFERENCE_MESSAGE, broke, call, check, count_user_lines, describe_exception, drive, expect, expect_greedy_answers, expect_unchanged, fail,
                          forbid_calls, is_tensor, kind_of, watch_calls)
 
 GARBAGE = (float("nan"), float("inf"), float("-inf"))
@@ -291,10 +291,9 @@ def _check_attention(name, impl, seed, allow_reference, vectorized):
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{i}")
     drive(engine, f"{name} (serving the decode steps of a float64 model)", max_steps=200)
-    for i, w in enumerate(want):
-        got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"{name}: serving a float64 model's decode steps, request r{i} produced {got} instead of "
-                         f"the model's greedy answer {w}", rule="attention as defined")
+    expect_greedy_answers(engine, want, lambda i, got, w: (
+        f"{name}: serving a float64 model's decode steps, request r{i} produced {got} instead of the model's greedy "
+        f"answer {w}"), rule="attention as defined")
 
 
 def _check_no_token_loop(name, impl, seed):

@@ -19,7 +19,7 @@ from course_lib.kv.manager import KVCacheManager
 from course_lib.scheduler.request import Request, RequestStatus
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, RunnerLedger, broke, call, check, drive, expect, expect_unchanged, fail,
+from .._checking import (REFERENCE_MESSAGE, RunnerLedger, broke, call, check, drive, expect, expect_greedy_answers, expect_unchanged, fail,
                          forbid_calls, kind_of, plain_float, pristine, show)
 from ..membrane import is_proxy
 
@@ -167,10 +167,8 @@ def check_StudentWatermark(impl, seed, allow_reference):
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_tokens=6), request_id=f"r{i}")
     drive(engine, f"{name}(0.2) (serving a float64 model)", max_steps=300)
-    for i, w in enumerate(want):
-        got = engine.requests[f"r{i}"].output_token_ids
-        expect(got == w, f"{name}: serving a float64 model, request r{i} produced {got} instead of {w}",
-               rule="only decides")
+    expect_greedy_answers(engine, want, lambda i, got, w: (
+        f"{name}: serving a float64 model, request r{i} produced {got} instead of {w}"), rule="only decides")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,12 +605,10 @@ def _recompute_engine(impl, seed, allow):
                  (", prefix caching on (the prompts share 8 tokens)" if prefix_caching else "") +
                  (", the oldest with a 2-token prompt, the others 13-14 tokens" if short_first else ""))
         mine, want, watch, ledger = _thrash(impl, seed, prefix_caching, label, allow, short_first=short_first)
-        for i, w in enumerate(want):
-            got = mine.requests[f"r{i}"].output_token_ids
-            expect(got == w, f"{RECOMPUTE} ({label}): request r{i} (preempted {mine.requests[f'r{i}'].num_preemptions} "
-                             f"time(s)) produced {got} instead of the model's greedy answer {w}: a recomputed request "
-                             "must restart from position 0 with its prompt and every token it had produced",
-                   rule="same answers")
+        expect_greedy_answers(mine, want, lambda i, got, w: (
+            f"{RECOMPUTE} ({label}): request r{i} (preempted {mine.requests[f'r{i}'].num_preemptions} time(s)) "
+            f"produced {got} instead of the model's greedy answer {w}: a recomputed request must restart from "
+            "position 0 with its prompt and every token it had produced"), rule="same answers")
         counts = {rid: r.num_preemptions for rid, r in mine.requests.items()}
         expect(sum(counts.values()) > 0, f"{RECOMPUTE} ({label}): the run preempted nothing, yet 6 requests of up to "
                                          "20 tokens cannot all grow in 14 pages of 4: is your scheduler course_lib's "

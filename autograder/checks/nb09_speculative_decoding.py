@@ -28,6 +28,7 @@ cross pages); pages of 2 with prefix caching, a small token budget and a pool sm
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 
@@ -37,7 +38,7 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.scheduler.request import FinishReason
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, broke, call, check, describe_exception, expect, fail, kind_of,
+from .._checking import (REFERENCE_MESSAGE, broke, call, check, drive, expect, fail, kind_of,
                          plain_int, show, watch_calls)
 
 TARGET = "target_tokens"
@@ -348,23 +349,6 @@ def _build_engine(work: _Workload, spec: dict, seed: int, *, scheduler=None, ver
     return engine
 
 
-def _run(engine, who: str, on_step=None, max_steps: int = 300) -> None:
-    """Step the engine to the end (a step cap, and an engine error as a failure naming the step)."""
-    for step in range(max_steps):
-        if not engine.has_unfinished_requests:
-            return
-        try:
-            engine.step()
-        except (NotImplementedError, AssertionError):
-            raise
-        except Exception as exc:  # noqa: BLE001
-            fail(f"{who}: the engine failed in step {step} with {describe_exception(exc)}")
-        if on_step is not None:
-            on_step(step)
-    stuck = [rid for rid, r in engine.requests.items() if not r.is_finished]
-    fail(f"{who}: {len(stuck)} request(s) ({', '.join(stuck)}) still unfinished after {max_steps} steps")
-
-
 # ---------------------------------------------------------------------------------------------
 # target_tokens
 # ---------------------------------------------------------------------------------------------
@@ -561,7 +545,7 @@ def check_target_tokens(impl, seed, allow_reference):
         work = _Workload(seed, spec)
         engine = _build_engine(work, spec, seed, verify=verify)
         who = "serving a float64 model with your target_tokens as the engine's verify (greedy requests)"
-        _run(engine, who)
+        drive(engine, who, max_steps=300)
         for rid, (want, _) in work.expected.items():
             got = engine.requests[rid].output_token_ids
             expect(got == want, lambda: f"{who}: request {rid} produced {got}, decoding without drafts gives {want}",
@@ -580,8 +564,8 @@ def check_target_tokens(impl, seed, allow_reference):
         for i, prompt in enumerate(prompts):
             engine.add_request(prompt, SamplingParams(temperature=0.8, top_k=20, max_tokens=10, seed=seed + i),
                                request_id=f"s{i}")
-        _run(engine, "serving sampled requests (temperature 0.8, top-k 20) with a draft model's guesses through your "
-                     "target_tokens")
+        drive(engine, "serving sampled requests (temperature 0.8, top-k 20) with a draft model's guesses through your "
+                      "target_tokens", max_steps=300)
         drafted = engine.scheduler.num_draft_tokens
         expect(drafted > 0, "target_tokens (internal): the sampled run drafted nothing")
         for i in range(3):
@@ -628,7 +612,8 @@ def _rollback_run(impl, seed, label, spec, allow):
     book = _StepBook(engine)
     who = f"{ROLLBACK} ({label})"
     with _reference_rollback_forbidden(not allow):
-        _run(engine, who, on_step=lambda step: book.check_step(who, step))
+        steps = itertools.count()
+        drive(engine, who, max_steps=300, on_step=lambda _engine: book.check_step(who, next(steps)))
     for rid, (want, reason) in work.expected.items():
         r = engine.requests[rid]
         expect(r.output_token_ids == want,
