@@ -115,6 +115,7 @@ def test_the_failure_names_the_broken_rule(exercise, rule, name):
 
 
 def test_every_mutant_is_listed_under_a_rule():
+    assert set(RULE_MUTANTS) == set(EXERCISES), "every exercise of the notebook has its mutants under their rules"
     for exercise, rules in RULE_MUTANTS.items():
         listed = {name for names in rules.values() for name in names}
         assert listed == {m.__name__ for m in mutants.MUTANTS[exercise]}, exercise

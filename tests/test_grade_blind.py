@@ -32,3 +32,17 @@ def test_blind_honest_notebooks_get_full_marks_and_no_flag(tmp_path):
         assert not entry["flags"] and not entry.get("copies"), (where, entry["flags"])
         assert not entry["integrity"] and not entry["errors"], (where, entry["integrity"], entry["errors"])
     assert result["score"] == result["max_score"] == sum(e.points for e in EXERCISES)
+
+
+def test_the_stored_notebooks_are_written_as_the_checklist_says():
+    """docs/adding_an_exercise.md (step 11) writes a stored notebook back as plain JSON, indent 1, with a
+    trailing newline and no outputs, so that a maintainer's diff shows only the cells they added."""
+    import json
+
+    for path in sorted(BLIND.glob("*/*/*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        notebook = json.loads(text)
+        assert text == json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", f"{path} is not written as the others"
+        for cell in notebook["cells"]:
+            if cell["cell_type"] == "code":
+                assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path}: a cell kept its outputs"

@@ -38,8 +38,8 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.scheduler.request import FinishReason
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, broke, call, check, drive, expect, fail, kind_of,
-                         plain_int, show, watch_calls)
+from .._checking import (REFERENCE_MESSAGE, broke, call, check, drive, expect, fail, forbid_calls, kind_of,
+                         plain_int, show)
 
 TARGET = "target_tokens"
 ROLLBACK = "StudentRollback"
@@ -55,24 +55,6 @@ def _verify_module():
     import course_lib.spec.verify as verify
 
     return [verify]
-
-
-@contextlib.contextmanager
-def _reference_calls_forbidden(enabled: bool):
-    """Fail if course_lib's acceptance rule runs inside the block (a function that merely calls it). Like
-    `forbid_calls`, but the calls are read once `watch_calls` has closed: on the grader's replay of a
-    record, that is when they are filled in from the record."""
-    if not enabled:
-        yield
-        return
-    hits = []
-    try:
-        with watch_calls(_verify_module()) as hits:
-            yield
-    finally:
-        if hits:
-            module, func = hits[0]
-            fail(f"{TARGET} {REFERENCE_MESSAGE} (it calls {module}.{func})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +504,7 @@ def _sampled_statistics(impl, label, logits, drafts, q, params, p) -> None:
 def check_target_tokens(impl, seed, allow_reference):
     rng = random.Random(seed)
     greedy = SamplingParams(temperature=0.0)
-    with _reference_calls_forbidden(not allow_reference):
+    with forbid_calls(TARGET, _verify_module(), enabled=not allow_reference):
         # 1. Greedy rows on crafted logits.
         for logits, drafts, want in _greedy_cases(rng):
             k = len(drafts)
