@@ -1,6 +1,6 @@
-"""Notebook 04's checks (paged attention: loops, vectorised, a Triton kernel): the generated reference
-and course_lib's backends pass on every graded seed, each rule has its own message, NaN/inf sit in every
-unowned slot (that every mutant fails and every control passes on every graded seed is tested for all
+"""Notebook 04's checks (paged attention: loops, vectorised, a Triton kernel): course_lib's backends pass
+(seed 3), each rule has its own message, NaN/inf sit in every
+unowned slot (that the generated reference passes and every mutant fails and every control passes on every graded seed is tested for all
 notebooks in tests/test_exercise_table.py). Without a GPU the Triton kernels run
 in Triton's interpreter (conftest sets TRITON_INTERPRET=1 before anything imports triton). Run times are
 printed (no timed assertion: speed is not a test)."""
@@ -17,26 +17,12 @@ if not torch.cuda.is_available():
 
 from autograder.checks import get_check  # noqa: E402
 from autograder.checks import nb04_paged_attention as checks  # noqa: E402
-from autograder.controls import nb04_paged_attention as controls  # noqa: E402
 from autograder.exercises import of_module  # noqa: E402
 from autograder.mutants import nb04_paged_attention as mutants  # noqa: E402
 from autograder.reference import nb04_paged_attention as reference  # noqa: E402
 from check_support import verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb04_paged_attention")}
-
-
-def test_every_exercise_has_mutants_and_controls():
-    assert set(EXERCISES) == {"paged_attention_loops", "paged_attention_vectorized", "paged_attention_triton"}
-    for exercise in EXERCISES:
-        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
-        assert len(controls.CONTROLS[exercise]) >= 1, exercise
-
-
-@pytest.mark.parametrize("exercise", sorted(EXERCISES))
-def test_reference_passes_every_graded_seed(exercise):
-    for seed in EXERCISES[exercise].graded_seeds:
-        assert verdict(exercise, getattr(reference, exercise), seed) is None
 
 
 def test_course_lib_backends_pass():

@@ -1,6 +1,6 @@
-"""Notebook 05's checks (latency percentiles, the closed-loop driver): the generated reference
-and course_lib's counterparts pass on every graded seed, the cases reach the edges, each rule has its
-own message (that every mutant fails and every control passes on every graded seed is tested for all
+"""Notebook 05's checks (latency percentiles, the closed-loop driver): course_lib's
+counterparts pass on every graded seed, the cases reach the edges, each rule has its
+own message (that the generated reference passes and every mutant fails and every control passes on every graded seed is tested for all
 notebooks in tests/test_exercise_table.py). Run times are printed (no
 timed assertion: speed is not a test)."""
 from __future__ import annotations
@@ -11,25 +11,11 @@ import pytest
 
 from autograder.checks import get_check
 from autograder.checks import nb05_hundred_users as checks
-from autograder.controls import nb05_hundred_users as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb05_hundred_users as mutants
-from autograder.reference import nb05_hundred_users as reference
 from check_support import verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb05_hundred_users")}
-
-
-def test_every_exercise_has_mutants_and_controls():
-    for exercise in EXERCISES:
-        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
-        assert len(controls.CONTROLS[exercise]) >= 1, exercise
-
-
-@pytest.mark.parametrize("exercise", sorted(EXERCISES))
-def test_reference_passes_every_graded_seed(exercise):
-    for seed in EXERCISES[exercise].graded_seeds:
-        assert verdict(exercise, getattr(reference, exercise), seed) is None
 
 
 @pytest.mark.parametrize("exercise", sorted(EXERCISES))

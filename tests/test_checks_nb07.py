@@ -1,5 +1,5 @@
-"""Notebook 07's checks (admission control, preemption, the break-it experiment): the generated
-reference and course_lib's counterparts pass on every graded seed (that every mutant fails and every
+"""Notebook 07's checks (admission control, preemption, the break-it experiment): course_lib's
+counterparts pass on every graded seed (that the generated reference passes and every mutant fails and every
 control passes on every graded seed, with a message naming the rule, is tested for all notebooks in
 tests/test_exercise_table.py). Run times are printed (no timed assertion: speed is not a test)."""
 from __future__ import annotations
@@ -13,22 +13,9 @@ from autograder.checks import get_check
 from autograder.controls import nb07_admission_control as controls
 from autograder.exercises import of_module
 from autograder.mutants import nb07_admission_control as mutants
-from autograder.reference import nb07_admission_control as reference
 from check_support import verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb07_admission_control")}
-
-
-def test_every_exercise_has_mutants_and_controls():
-    for exercise in EXERCISES:
-        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
-        assert len(controls.CONTROLS[exercise]) >= 1, exercise
-
-
-@pytest.mark.parametrize("exercise", sorted(EXERCISES))
-def test_reference_passes_every_graded_seed(exercise):
-    for seed in EXERCISES[exercise].graded_seeds:
-        assert verdict(exercise, getattr(reference, exercise), seed) is None
 
 
 def test_course_lib_counterparts_pass():
@@ -54,8 +41,6 @@ def test_handing_in_course_lib_preemption_is_refused():
     for impl in (ContinuousScheduler, Delegating):
         with pytest.raises(AssertionError, match=re.escape(REFERENCE_MESSAGE)):
             get_check("StudentRecompute")(impl, 0)
-
-
 
 
 def test_any_safe_victim_policy_passes():

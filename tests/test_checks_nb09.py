@@ -1,8 +1,8 @@
-"""Notebook 09's checks (speculative decoding: the acceptance rule and the scheduler's rollback): the
-generated reference and course_lib's own pieces pass on every graded seed, handing course_lib in is
+"""Notebook 09's checks (speculative decoding: the acceptance rule and the scheduler's rollback): course_lib's
+own pieces pass on every graded seed, handing course_lib in is
 refused (also through the grading membrane), every rule of the notebook's blocks has a mutant whose
 failure names it on every graded seed, and the sampled rule's statistics pass correct rules on seeds
-nobody chose (that every mutant fails and every control passes on every graded seed is tested for
+nobody chose (that the generated reference passes and every mutant fails and every control passes on every graded seed is tested for
 all notebooks in tests/test_exercise_table.py). Run times are printed (no timed assertion)."""
 from __future__ import annotations
 
@@ -21,18 +21,6 @@ from autograder.replay import read_records, replay
 from check_support import verdict
 
 EXERCISES = {e.adapter: e for e in of_module("nb09_speculative_decoding")}
-
-
-def test_every_exercise_has_mutants_and_controls():
-    for exercise in EXERCISES:
-        assert len(mutants.MUTANTS[exercise]) >= 3, exercise
-        assert len(controls.CONTROLS[exercise]) >= 1, exercise
-
-
-@pytest.mark.parametrize("exercise", sorted(EXERCISES))
-def test_reference_passes_every_graded_seed(exercise):
-    for seed in EXERCISES[exercise].graded_seeds:
-        assert verdict(exercise, getattr(reference, exercise), seed) is None
 
 
 def test_course_lib_counterparts_pass():
