@@ -124,6 +124,7 @@ def test_plots(tmp_path):
     (["--speculative", "2", "--drafter", "draft"], "needs --runner model"),
     (["--speculative", "2", "--scheduler", "static"], "--speculative needs --scheduler continuous"),
     (["--speculative", "2", "--runner", "model", "--acceptance-rate", "0.5"], "the model decides"),
+    (["--speculative", "2", "--draft-layers", "2"], "--draft-layers applies to --drafter draft only"),
 ])
 def test_bad_flags_fail_clearly(flags, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -165,7 +166,7 @@ def test_subcommand_routing_and_help():
     assert out.returncode == 0
     for flag in ("--users", "--rate", "--requests", "--scheduler", "--kv", "--page-size", "--kv-tokens",
                  "--admission", "--prefix-caching", "--shared-prefix", "--runner", "--clock", "--seed", "--json",
-                 "--speculative", "--acceptance-rate"):
+                 "--speculative", "--acceptance-rate", "--drafter", "--draft-layers"):
         assert flag in out.stdout, flag
 
 
@@ -181,3 +182,24 @@ def test_demo_writes_its_table_and_plots(tmp_path, capsys, tiny_or_random):
                  "load_sweep.png"):
         assert (out_dir / name).read_bytes().startswith(b"\x89PNG"), name
     assert str(out_dir.resolve()) in text
+
+
+def test_a_draft_model_drafts_with_the_layers_asked_and_its_passes_cost_time(tmp_path, tiny_or_random):
+    """--draft-layers reaches the engine, and the simulated clock prices the draft model's passes: the same
+    run with more of the model's layers drafting is charged more busy time per drafted step."""
+    from course_lib.sim.cli import _load_model
+
+    layers = _load_model()[0].config.num_layers
+    runs = {}
+    for draft_layers in (1, layers - 1):
+        data = run_cli(tmp_path, "--runner", "model", "--users", "2", "--requests", "4", "--speculative", "2",
+                       "--drafter", "draft", "--draft-layers", str(draft_layers), "--model-shape", "llama-3-8b")
+        assert data["config"]["engine"]["draft_layers"] == draft_layers and data["spec_draft_tokens"] > 0
+        runs[draft_layers] = data
+    few, many = runs[1], runs[layers - 1]
+    for data in (few, many):
+        assert 0 < data["spec_draft_model_time_s"] < data["sim_time_s"]
+    # the same engine steps, but each of a deeper draft model's passes reads more of the weights
+    per_draft = {n: d["spec_draft_model_time_s"] / d["spec_draft_tokens"] for n, d in runs.items()}
+    assert per_draft[layers - 1] == pytest.approx(per_draft[1] * (layers - 1), rel=0.3), per_draft
+    assert runs[1]["without_speculation"]["spec_draft_model_time_s"] == 0.0

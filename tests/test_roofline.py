@@ -214,3 +214,41 @@ def test_speculation_pays_while_decode_is_memory_bound_and_stops_once_compute_bo
     assert crossing_batch(context, num_speculative_tokens=7) < crossing
     assert crossing_batch(context // 2) < crossing
     assert crossing_batch(2 * context, max_batch=2048) is None
+
+
+def test_a_draft_models_passes_are_priced_at_its_share_of_the_layers():
+    """A draft model that runs a share f of the target's layers: its k passes read f of the weights each
+    and compute f of a target row per row; n-gram lookup (f = 0) costs nothing; the step waits for both."""
+    from course_lib.sim.speculative import decode_step_cost, decode_step_counts
+
+    gpu, shape = get_gpu("H100"), get_model_shape("llama-3-8b")
+    batch, context, k, f = 4, 500, 3, 0.25
+    plain = decode_step_cost(batch, context, k)
+    drafted = decode_step_cost(batch, context, k, draft_layer_fraction=f)
+    counts = decode_step_counts(batch, context, k, f)
+    assert counts["draft_model_rows"] == batch * k and counts["draft_model_passes"] == k
+    assert counts["draft_model_context_tokens"] == batch * sum(context + 1 + j for j in range(k))
+    flops = f * (2 * shape.num_params * batch * k
+                 + 4 * shape.num_layers * shape.num_heads * shape.head_dim * counts["draft_model_context_tokens"])
+    moved = f * (k * shape.weight_bytes + (counts["draft_model_context_tokens"] + batch * k) * shape.kv_bytes_per_token)
+    want = max(flops / gpu.peak_flops, moved / gpu.mem_bandwidth)
+    assert plain.draft_s == 0.0 and drafted.draft_s == pytest.approx(want, rel=1e-12)
+    assert drafted.total_s == pytest.approx(plain.total_s + want, rel=1e-12)
+    assert moved / gpu.mem_bandwidth > flops / gpu.peak_flops  # a few rows: the passes wait on the weights
+    assert (drafted.flops, drafted.bytes) == (plain.flops, plain.bytes)  # the target's pass, as before
+    for bad in (dict(draft_layer_fraction=-0.1), dict(draft_layer_fraction=1.5), dict(draft_rows=-1)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            roofline_cost("H100", "llama-3-8b", num_tokens=1, **bad)
+
+
+def test_a_draft_model_makes_speculation_pay_less_and_stop_paying_sooner():
+    from course_lib.sim.speculative import compare_decode, crossing_batch
+
+    context = 256
+    free, priced = compare_decode(1, context), compare_decode(1, context, draft_layer_fraction=0.25)
+    assert priced["plain"] == free["plain"]
+    assert free["speculative"]["tpot_s"] < priced["speculative"]["tpot_s"] < priced["plain"]["tpot_s"]
+    shares = (0.0, 0.125, 0.25, 0.5)
+    crossings = [crossing_batch(context, draft_layer_fraction=f, max_batch=2048) for f in shares]
+    assert all(c is not None for c in crossings) and crossings == sorted(crossings, reverse=True), crossings
+    assert len(set(crossings)) == len(shares), crossings

@@ -243,3 +243,36 @@ def test_drafts_never_push_a_plain_decode_out_of_the_step():
         engine._record(out, sampled, sched.update(out, sampled), 0.0)
     assert sched.num_draft_tokens > 0
     assert left_out == 0, f"running decodes left out of a step {left_out} times while others drafted"
+
+
+def test_a_draft_models_work_is_counted_in_each_step_and_priced_by_the_simulated_clock():
+    """StepStats carries the draft model's own passes (k rows per drafted request, one after another,
+    through draft_layers of the target's layers), the simulated clock adds their price, and an n-gram
+    drafter's steps carry none."""
+    from course_lib.sim.clock import SimulatedClock
+
+    model, tok = course_lib.load_tiny(torch.float32)
+    prompt = tok.encode_prompt("repeat: 3434")
+    runs = {}
+    for speculative in ("ngram", "draft"):
+        engine = LLMEngine(model, EngineConfig(speculative=speculative, num_speculative_tokens=3, draft_layers=1,
+                                               max_num_seqs=4, seed=0), clock=SimulatedClock())
+        costs = []
+        for _ in range(6):
+            engine.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+        while engine.has_unfinished_requests:
+            engine.step()
+            costs.append(engine.clock.last_cost)
+        runs[speculative] = (engine.step_stats, costs)
+    stats, costs = runs["ngram"]
+    assert all(s.draft_model_rows == s.draft_model_passes == 0 and c.draft_s == 0 for s, c in zip(stats, costs))
+    stats, costs = runs["draft"]
+    fraction = 1 / model.config.num_layers
+    drafted = [(s, c) for s, c in zip(stats, costs) if s.num_draft_tokens]
+    assert drafted, "the draft model drafted nothing"
+    for s, c in zip(stats, costs):
+        # every draft the model computed is a draft the target checked: the rows match the drafts scheduled
+        assert s.draft_model_rows == s.num_draft_tokens and (c.draft_s > 0) == (s.num_draft_tokens > 0)
+        if s.num_draft_tokens:
+            assert s.draft_layer_fraction == fraction and 1 <= s.draft_model_passes <= 3
+            assert s.draft_model_context_tokens > s.draft_model_rows  # each row attends to its context

@@ -70,6 +70,7 @@ def summarize_load(result: dict, slo: dict | None = None) -> dict:
         requests_not_issued=result.get("num_requests", len(records)) - len(records),
         requests_clipped=result.get("clipped", 0),
         sim_time_s=None,  # no simulated clock here: wall_time_s is the run's time
+        spec_draft_model_time_s=None,  # ... nor a share of it for a draft model's passes
         wall_time_s=result.get("wall_s", 0.0),
         errors=dict(errors.most_common(5)),
     )

@@ -116,6 +116,12 @@ class StepStats:
     page_owners: list | None = None  # optional: owner request id (or None) of every physical page
     num_draft_tokens: int = 0  # speculative decoding: draft tokens computed this step (in num_decode_tokens)
     num_accepted_tokens: int = 0  # ... and how many of them the target kept
+    # A draft model's own work this step (zero for n-gram lookup, which computes nothing): rows it computed,
+    # keys those rows attended to, its passes one after another, and its share of the target's layers.
+    draft_model_rows: int = 0
+    draft_model_context_tokens: int = 0
+    draft_model_passes: int = 0
+    draft_layer_fraction: float = 0.0
 
     @property
     def kv_waste_slots(self) -> int:

@@ -21,9 +21,10 @@ tokens each request gains per step. The scripted runner has no model to agree wi
 it keeps each one with probability `--acceptance-rate` (default 0.7), given it kept the ones
 before, so k drafts yield 1 + a + ... + a^k tokens per drafted step (2.53 for k = 3, a = 0.7)
 and an acceptance rate (kept / drafted) of (a + ... + a^k) / k (51% there). The simulated clock
-charges a drafted step its 1 + k tokens per request and nothing for drafting itself (free for
-n-gram lookup; a draft model's passes are not priced). `course_lib.sim.speculative` has the
-steady-state roofline of it: where speculation stops paying as the batch grows.
+charges a drafted step its 1 + k tokens per request, and a draft model's own k passes (as one with
+a KV cache of its own would run them: one row per request each, through `--draft-layers` of the
+target's layers); n-gram lookup drafts for free. `course_lib.sim.speculative` has the steady-state
+roofline of it: where speculation stops paying as the batch grows.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ MODEL_DEFAULTS = {"users": 8, "requests": 16}  # the real model computes every t
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from course_lib.engine_config import OPTIONS  # the one list of each knob's names (torch-free)
+    from course_lib.engine_config import OPTIONS, EngineConfig  # the one list of each knob's names (torch-free)
     from course_lib.sim.speculative import DEFAULT_ACCEPTANCE_RATE
 
     p = argparse.ArgumentParser(
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drafter", choices=[d for d in OPTIONS["speculative"] if d != "none"], default="ngram",
                    help="who drafts: ngram (prompt lookup, no model; the default) or draft (the model's first "
                         "layers, --runner model only)")
+    s.add_argument("--draft-layers", type=int, default=None, metavar="L",
+                   help=f"--drafter draft: how many of the model's first layers draft (default "
+                        f"{EngineConfig.draft_layers}); the simulated clock prices their passes at that share")
     r = p.add_argument_group("runner and clock")
     r.add_argument("--runner", choices=("scripted", "model"), default="scripted",
                    help="scripted: no model, lengths from the workload; model: the tiny model computes every token")
@@ -159,6 +163,8 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--acceptance-rate drives the scripted runner; with --runner model the model decides")
     if args.drafter == "draft" and args.runner != "model":
         parser.error("--drafter draft drafts with the model's first layers: it needs --runner model")
+    if args.draft_layers is not None and args.drafter != "draft":
+        parser.error("--draft-layers applies to --drafter draft only")
     if args.speculative and args.scheduler != "continuous":
         parser.error("--speculative needs --scheduler continuous (only it schedules drafted decodes)")
 
@@ -261,6 +267,8 @@ def main(argv=None) -> int:
         speculation = dict(speculative=args.drafter, num_speculative_tokens=args.speculative,
                            spec_acceptance_rate=DEFAULT_ACCEPTANCE_RATE if args.acceptance_rate is None
                            else args.acceptance_rate)
+        if args.draft_layers is not None:
+            speculation["draft_layers"] = args.draft_layers
     try:
         config = make_engine_config(
             kv_tokens=args.kv_tokens, page_size=args.page_size, scheduler=args.scheduler, kv=args.kv,
@@ -339,6 +347,9 @@ def describe_speculation(result, baseline) -> str:
              f"{s['spec_accepted_tokens']} of {s['spec_draft_tokens']} drafts kept "
              f"({s['spec_acceptance_rate']:.1%}), {s['tokens_per_drafted_step']:.2f} tokens per drafted step "
              f"({s['spec_num_drafts']} drafted request-steps), {s['tokens_per_decode_step']:.2f} per decode step"]
+    if s.get("spec_draft_model_time_s") and s["sim_time_s"]:
+        lines.append(f"the draft model's own passes took {s['spec_draft_model_time_s']:.3g} s of the "
+                     f"{s['sim_time_s']:.3g} s simulated ({s['spec_draft_model_time_s'] / s['sim_time_s']:.1%})")
     ratios = [f"TPOT {q} x{s['tpot_s'][q] / b['tpot_s'][q]:.2f}" for q in ("p50", "p99")
               if s["tpot_s"][q] and b["tpot_s"][q]]
     if b["throughput_tok_s"]:

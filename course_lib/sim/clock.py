@@ -48,6 +48,7 @@ class SimulatedClock:
         self._t = float(start)
         self.last_cost: RooflineCost | None = None  # the most recent step's breakdown, for plots
         self.busy_s = 0.0  # total charged step time (the rest of now() was idle)
+        self.draft_s = 0.0  # the part of busy_s a draft model's passes took (speculative decoding)
 
     def now(self) -> float:
         return self._t
@@ -56,6 +57,7 @@ class SimulatedClock:
         self.last_cost = cost_of_step(stats, self.gpu, self.shape, self.overhead_s)
         self._t += self.last_cost.total_s
         self.busy_s += self.last_cost.total_s
+        self.draft_s += self.last_cost.draft_s
         return self.last_cost.total_s
 
     def wait_until(self, t: float) -> None:

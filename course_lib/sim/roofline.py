@@ -16,6 +16,15 @@ takes as long as the slower of the two, plus a fixed per-step overhead:
 overcount that keeps the formula one line). Attention costs `2 * head_dim` FLOPs for q.k and
 `2 * head_dim` for p.v, per (query, key) pair, per query head, per layer.
 
+A draft model (speculative decoding) adds its own passes, one after another before the target's:
+each runs `draft_layer_fraction` of the target's layers over the drafted rows, so it reads that share
+of the weights once per pass and computes that share of a target row's FLOPs and K/V traffic per row:
+
+    draft_s = max(draft_flops / gpu.peak_flops, draft_bytes / gpu.mem_bandwidth)
+    total_s = max(compute_s, memory_s) + draft_s + overhead_s
+
+(the share of the embeddings and the LM head is an undercount, as the draft model runs the whole head).
+
 This is where the course's two regimes come from: a decode step reads all the weights to
 produce a handful of tokens (memory-bound: adding sequences is nearly free), a big prefill
 computes thousands of tokens per weight read (compute-bound: time grows with tokens).
@@ -42,7 +51,8 @@ class RooflineCost:
     memory_s: float
     overhead_s: float
     total_s: float
-    bound: str  # "compute" or "memory": which of the two the step waited on
+    bound: str  # "compute" or "memory": which of the two the step waited on (the target's pass)
+    draft_s: float = 0.0  # a draft model's passes (in total_s; flops and bytes are the target's pass only)
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -60,6 +70,10 @@ def roofline_cost(
     kv_tokens_written: int = 0,
     attention_context_tokens: int = 0,
     overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+    draft_rows: int = 0,
+    draft_context_tokens: int = 0,
+    draft_passes: int = 0,
+    draft_layer_fraction: float = 0.0,
 ) -> RooflineCost:
     """Cost of one step from explicit counts.
 
@@ -73,6 +87,10 @@ def roofline_cost(
     attention_context_tokens: sum over query tokens of the keys each attends to (the FLOPs
         side, which *does* grow per query).
 
+    draft_rows, draft_context_tokens, draft_passes, draft_layer_fraction: a draft model's work this
+        step (`StepStats.draft_model_*`): rows it computed, keys they attended to, its sequential
+        passes, and its share of the target's layers (0: no draft model, as n-gram lookup).
+
     A step with no tokens at all runs no kernels and reads no weights: it costs the overhead.
     """
     gpu, shape = get_gpu(gpu), get_model_shape(shape)
@@ -83,9 +101,15 @@ def roofline_cost(
         ("kv_tokens_written", kv_tokens_written),
         ("attention_context_tokens", attention_context_tokens),
         ("overhead_s", overhead_s),
+        ("draft_rows", draft_rows),
+        ("draft_context_tokens", draft_context_tokens),
+        ("draft_passes", draft_passes),
+        ("draft_layer_fraction", draft_layer_fraction),
     ):
         if value < 0:
             raise ValueError(f"{label} must be >= 0, got {value}")
+    if draft_layer_fraction > 1:
+        raise ValueError(f"draft_layer_fraction is a share of the target's layers, at most 1, got {draft_layer_fraction}")
     computed_rows = num_tokens + num_padded_tokens
     flops = 2.0 * shape.num_params * computed_rows + 4.0 * shape.num_layers * shape.num_heads * shape.head_dim * (
         attention_context_tokens
@@ -95,14 +119,22 @@ def roofline_cost(
     total_bytes = weight_bytes + kv_bytes
     compute_s = flops / gpu.peak_flops
     memory_s = total_bytes / gpu.mem_bandwidth
+    draft_s = 0.0
+    if draft_rows and draft_layer_fraction:
+        draft_flops = draft_layer_fraction * (2.0 * shape.num_params * draft_rows + 4.0 * shape.num_layers
+                                              * shape.num_heads * shape.head_dim * draft_context_tokens)
+        draft_bytes = draft_layer_fraction * (max(draft_passes, 1) * shape.weight_bytes
+                                              + float(draft_context_tokens + draft_rows) * shape.kv_bytes_per_token)
+        draft_s = max(draft_flops / gpu.peak_flops, draft_bytes / gpu.mem_bandwidth)
     return RooflineCost(
         flops=flops,
         bytes=total_bytes,
         compute_s=compute_s,
         memory_s=memory_s,
         overhead_s=float(overhead_s),
-        total_s=max(compute_s, memory_s) + overhead_s,
+        total_s=max(compute_s, memory_s) + draft_s + overhead_s,
         bound="compute" if compute_s >= memory_s and flops > 0 else "memory",
+        draft_s=draft_s,
     )
 
 
@@ -133,4 +165,8 @@ def cost_of_step(
         kv_tokens_written=stats.kv_tokens_written,
         attention_context_tokens=stats.attention_context_tokens,
         overhead_s=overhead_s,
+        draft_rows=getattr(stats, "draft_model_rows", 0),
+        draft_context_tokens=getattr(stats, "draft_model_context_tokens", 0),
+        draft_passes=getattr(stats, "draft_model_passes", 0),
+        draft_layer_fraction=getattr(stats, "draft_layer_fraction", 0.0),
     )

@@ -332,6 +332,8 @@ def simulate(
         requests_clipped=clipped,
         sim_time_s=float(the_clock.now()),
         wall_time_s=time.perf_counter() - wall_start,
+        # the simulated GPU time a draft model's own passes took (None on the wall clock, which cannot tell)
+        spec_draft_model_time_s=float(the_clock.draft_s) if hasattr(the_clock, "draft_s") else None,
     )
     config = {
         "label": label,

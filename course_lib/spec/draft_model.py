@@ -5,7 +5,8 @@ per token; it agrees with the target less often than a separately trained small 
 It keeps no KV cache: each of the k draft tokens reruns the drafted requests' whole sequences
 through those layers in one batch (dense causal attention). The tiny model's sequences are short,
 so this stays cheap next to the target's step; a real deployment gives the draft model a paged
-cache of its own.
+cache of its own. The simulated clock prices the work such a drafter would do (`take_work`): k
+passes of one row per drafted request, each through `draft_layers` of the target's layers.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ class DraftModelDrafter:
             raise ValueError(f"draft_layers must be between 1 and {model.config.num_layers - 1} (the target has "
                              f"{model.config.num_layers} layers), got {num_layers}")
         self.model, self.k, self.num_layers = model, num_speculative_tokens, num_layers
+        # The share of the target's layers the draft model runs: the roofline prices a draft row at that
+        # share of a target row (course_lib.sim.roofline).
+        self.layer_fraction = num_layers / model.config.num_layers
+        self._work = [0, 0, 0]  # rows, context tokens, passes since the engine last took them
         # Drafts of sampled requests are draws: seeded requests from generators of their own (so a seed
         # gives the same answer whoever shares the batch), the others from this one.
         self.generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
@@ -38,6 +43,7 @@ class DraftModelDrafter:
         if not todo:
             return {}
         seqs = [r.prompt_token_ids + r.output_token_ids for r, _ in todo]
+        self._note_work([(len(seq), k) for seq, (_, k) in zip(seqs, todo)])
         drafts, probs = [[] for _ in todo], [[] for _ in todo]
         for step in range(max(k for _, k in todo)):
             live = [i for i, (_, k) in enumerate(todo) if step < k]
@@ -52,6 +58,22 @@ class DraftModelDrafter:
                 probs[i].append(q)
         return {r.request_id: (drafts[i], torch.stack(probs[i]) if probs[i] else None)
                 for i, (r, _) in enumerate(todo)}
+
+    def _note_work(self, drafted: list[tuple[int, int]]) -> None:
+        """Count what a draft model with a cache of its own computes for requests of (length, k drafts):
+        pass j (0 <= j < k) runs one row per request, at position length - 1 + j (the last kept token,
+        then each guess), attending to length + j keys; the passes run one after another."""
+        rows, context, passes = self._work
+        for length, k in drafted:
+            rows += k
+            context += k * length + k * (k - 1) // 2
+            passes = max(passes, k)
+        self._work = [rows, context, passes]
+
+    def take_work(self) -> tuple[int, int, int]:
+        """(rows, context tokens, passes) counted since the last call (the engine takes them once a step)."""
+        work, self._work = tuple(self._work), [0, 0, 0]
+        return work
 
     def _next_logits(self, seqs: list[list[int]]) -> torch.Tensor:
         """The draft model's logits after the last token of each sequence: [len(seqs), vocab]."""
