@@ -126,6 +126,20 @@ def drive(engine, who: str, max_steps: int = 2000, on_step=None, *, out_of_pages
                   f"engine steps{why}", rule=rule)
 
 
+@contextlib.contextmanager
+def naming_rule(name: str):
+    """A failure inside the block that names no rule yet names `name` (the rule of the case the block
+    runs), so that a crash of the student's code in that case still says which rule to open. A refusal
+    of course_lib's code passes unchanged: it is not a broken rule. Open it inside `forbid_calls`."""
+    try:
+        yield
+    except _AssertionError as exc:
+        text = str(exc)
+        if text.startswith('Rule "') or REFERENCE_MESSAGE in text or AUTOGRADER_REFERENCE_MESSAGE in text:
+            raise
+        broke(name, text)
+
+
 def expect_greedy_answers(engine, want, explain, rule: str | None = None) -> None:
     """Every request `r<i>` of `engine` produced `want[i]` (the model's greedy answer, computed by the check
     without the student's piece); else fail with `explain(i, got, wanted)`: what a difference means here."""

@@ -34,3 +34,13 @@ def test_the_check_tests_table_has_a_row_for_every_notebook():
     rows = set(re.findall(r"^\| `(nb\d\d)` \|", DOC, re.M))
     assert files and not set(files) - rows, f"step 7's table lacks rows for {sorted(set(files) - rows)}"
     assert not rows - set(files), f"step 7's table has rows for no test file: {sorted(rows - set(files))}"
+
+
+def test_every_repository_path_it_names_exists():
+    """A file the checklist sends the maintainer to (`course_lib/...`, `autograder/...`, `tests/...`,
+    `scripts/...`, `docs/...`) is there; paths with a placeholder (`<module>`, `nbXX`) are patterns."""
+    named = set(re.findall(r"`((?:course_lib|autograder|tests|scripts|docs)/[\w./-]+)`", DOC))
+    named.discard("tests/test_kv_waste.py")  # the file the doc tells a maintainer to create
+    missing = sorted(p for p in named if "XX" not in p and not (ROOT / p.rstrip("/")).exists()
+                     and not (ROOT / f"{p}.py").exists())  # a module named by its path without .py
+    assert named and not missing, f"the doc names paths that do not exist: {missing}"

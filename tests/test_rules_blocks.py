@@ -43,7 +43,7 @@ def _strings(node) -> list[str]:
 
 def named_rules(module: str) -> tuple[dict[str, int], set[str]]:
     """(rule name -> line, every string in the module), read from the checks module's source. The
-    rules a check names: the strings written in broke("<rule>", ...)'s first argument and in
+    rules a check names: the strings written in broke("<rule>", ...)'s and naming_rule("<rule>")'s first argument and in
     expect(..., rule="<rule>") (a conditional picks among literals); a rule chosen at run time (a
     variable) must still be written somewhere in the module, as one of its strings."""
     path = ROOT / "autograder" / "checks" / f"{module}.py"
@@ -53,7 +53,7 @@ def named_rules(module: str) -> tuple[dict[str, int], set[str]]:
         if not isinstance(node, ast.Call):
             continue
         name = getattr(node.func, "id", getattr(node.func, "attr", None))
-        if name == "broke" and node.args:
+        if name in ("broke", "naming_rule") and node.args:
             arg = node.args[0]
         elif name == "expect":
             arg = next((k.value for k in node.keywords if k.arg == "rule"), None)

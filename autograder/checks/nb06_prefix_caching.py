@@ -31,7 +31,8 @@ from course_lib import EngineConfig, LLMEngine, SamplingParams
 from course_lib.kv.block_pool import BlockPool
 
 from .. import _checking, fixtures
-from .._checking import broke, call, check, drive, expect, fail, forbid_calls, kind_of, plain_int, same_float, show
+from .._checking import (broke, call, check, drive, expect, fail, forbid_calls, kind_of, naming_rule, plain_int,
+                         same_float, show)
 
 ROOT = 0
 
@@ -851,30 +852,19 @@ def _engine(impl, seed, allow):
            rule="exact counters")
 
 
-@contextlib.contextmanager
-def _rule(name: str):
-    """A failure inside the block that names no rule yet names `name` (the case's rule)."""
-    try:
-        yield
-    except AssertionError as exc:
-        if str(exc).startswith('Rule "'):
-            raise
-        broke(name, str(exc))
-
-
 @check("StudentPrefixCache", forbidden=_prefix_cache_class)
 def check_StudentPrefixCache(impl, seed, allow_reference):
     expect(isinstance(impl, type), f"{NAME} must be a class, got {type(impl).__name__}")
     rng = random.Random(seed)
     with forbid_calls(NAME, _prefix_cache_module(), enabled=not allow_reference):
-        with _rule("exact counters"):
+        with naming_rule("exact counters"):
             _counters(impl)
-        with _rule("longest prefix"):
+        with naming_rule("longest prefix"):
             _lookups(impl, rng)
-        with _rule("forget evicted pages"):
+        with naming_rule("forget evicted pages"):
             _eviction(impl, rng)
-        with _rule("never a wrong page"):
+        with naming_rule("never a wrong page"):
             _collisions(impl, rng)
         _stale_after_reuse(impl, rng)
-    with _rule("never a wrong page"):
+    with naming_rule("never a wrong page"):
         _engine(impl, seed, allow_reference)
