@@ -263,16 +263,80 @@ def test_a_draft_models_work_is_counted_in_each_step_and_priced_by_the_simulated
         while engine.has_unfinished_requests:
             engine.step()
             costs.append(engine.clock.last_cost)
-        runs[speculative] = (engine.step_stats, costs)
-    stats, costs = runs["ngram"]
+        runs[speculative] = (engine.step_stats, costs, engine.scheduler.num_drafts)
+    stats, costs, _ = runs["ngram"]
     assert all(s.draft_model_rows == s.draft_model_passes == 0 and c.draft_s == 0 for s, c in zip(stats, costs))
-    stats, costs = runs["draft"]
+    stats, costs, num_drafts = runs["draft"]
     fraction = 1 / model.config.num_layers
     drafted = [(s, c) for s, c in zip(stats, costs) if s.num_draft_tokens]
     assert drafted, "the draft model drafted nothing"
     for s, c in zip(stats, costs):
-        # every draft the model computed is a draft the target checked: the rows match the drafts scheduled
-        assert s.draft_model_rows == s.num_draft_tokens and (c.draft_s > 0) == (s.num_draft_tokens > 0)
+        # a row per guess but the last, and at least the target's latest token per drafted request
+        assert s.draft_model_rows >= s.num_draft_tokens and (c.draft_s > 0) == (s.num_draft_tokens > 0)
         if s.num_draft_tokens:
             assert s.draft_layer_fraction == fraction and 1 <= s.draft_model_passes <= 3
             assert s.draft_model_context_tokens > s.draft_model_rows  # each row attends to its context
+    # The draft model's cache: after a request's first drafted step (its whole sequence so far), a step
+    # computes at most k + 1 rows per request (the guesses but the last, the target's token, and the
+    # last guess when the target kept all of them), never the sequence again.
+    most = sum(s.num_draft_tokens for s in stats) + num_drafts + 6 * (len(prompt) + 1 - 2)
+    assert sum(s.draft_model_rows for s in stats) <= most
+
+
+def _dense_draft_logits(model, layers: int, seq: list[int]) -> torch.Tensor:
+    """What the draft model says after `seq`, computed the long way: its layers over the whole sequence."""
+    from course_lib.model.rope import rope_cos_sin
+    from course_lib.model.transformer import DenseCausalAttention
+
+    x = model.embed_tokens(torch.tensor(seq))
+    cos, sin = rope_cos_sin(torch.arange(len(seq)), model.inv_freq, x.dtype)
+    attend = DenseCausalAttention([len(seq)])
+    for layer in model.layers[:layers]:
+        x = layer.forward(x, cos, sin, attend)
+    return model.lm_head(model.norm(x[-1:]))[0]
+
+
+class _SampledReq(_Req):
+    def __init__(self, rid, prompt, output=()):
+        super().__init__(rid, prompt, output)
+        self.sampling_params = SamplingParams(temperature=1.0, seed=3)
+
+
+def test_the_draft_models_cache_gives_the_logits_of_rerunning_the_whole_sequence():
+    """float64: every guess's distribution from the cached draft model equals the draft layers run over the
+    whole sequence, through steps where the target keeps none, some or all of the guesses, a step with
+    nothing new (its drafted entry was not scheduled), an output rolled back below the cache, and two
+    requests in one batch."""
+    from conftest import random_model
+    from course_lib.sampler import target_probs
+    from course_lib.spec.draft_model import DraftModelDrafter
+
+    model = random_model(0, num_layers=3)
+    drafter = DraftModelDrafter(model, num_speculative_tokens=3, num_layers=2)
+    a, b = _SampledReq("a", [5, 9, 12, 7, 30, 8, 4]), _SampledReq("b", [11, 3])
+    rng = random.Random(0)
+
+    def propose_and_compare(requests):
+        out = drafter.propose(requests, [3] * len(requests))
+        for r in requests:
+            drafts, q = out[r.request_id]
+            seq = r.prompt_token_ids + r.output_token_ids
+            for j, guess in enumerate(drafts):
+                want = target_probs(_dense_draft_logits(model, 2, seq + drafts[:j])[None], r.sampling_params)[0]
+                torch.testing.assert_close(q[j], want, rtol=0, atol=1e-6)  # float64 logits, float32 probabilities
+        return out
+
+    out = propose_and_compare([a, b])
+    for kept in (1, 3, 0):  # the target keeps `kept` guesses of a's, then adds its own token
+        a.output_token_ids += out["a"][0][:kept] + [rng.randrange(3, 61)]
+        b.output_token_ids += [rng.randrange(3, 61)]
+        out = propose_and_compare([a, b])
+    out = propose_and_compare([a])  # nothing new: a's last drafted entry was not scheduled
+    a.output_token_ids = a.output_token_ids[:2]  # rolled back below what the cache holds
+    propose_and_compare([a, b])
+    # another answer after the same first tokens, longer than the cache: it must not be trusted
+    a.output_token_ids = a.output_token_ids[:1] + [(t + 1) % 61 for t in a.output_token_ids[1:]] + [7] * 12
+    propose_and_compare([a, b])
+    assert drafter.caches["a"].tokens == a.prompt_token_ids + a.output_token_ids
+    drafter.forget(["a", "b"])
+    assert not drafter.caches

@@ -2,19 +2,18 @@
 Nothing to train or ship, the same vocabulary by construction, and a fraction of the target's cost
 per token; it agrees with the target less often than a separately trained small model would.
 
-It keeps no KV cache: each of the k draft tokens reruns the drafted requests' whole sequences
-through those layers in one batch (dense causal attention). The tiny model's sequences are short,
-so this stays cheap next to the target's step; a real deployment gives the draft model a paged
-cache of its own. The simulated clock prices the work such a drafter would do (`take_work`): k
-passes of one row per drafted request, each through `draft_layers` of the target's layers.
+It keeps a KV cache of its own (`draft_cache.py`): a drafting step runs the tokens kept since the
+last step (normally the target's own token; the guesses the target kept are already cached), whose
+last row gives the first guess, then one row per further guess, each attending to the cache. The
+simulated clock prices exactly that work (`take_work`), at the draft model's share of the layers.
 """
 from __future__ import annotations
 
 import torch
 
 from ..model.rope import rope_cos_sin
-from ..model.transformer import DenseCausalAttention
 from ..sampler import target_probs
+from .draft_cache import CachedAttention, SequenceCache
 
 
 class DraftModelDrafter:
@@ -35,6 +34,7 @@ class DraftModelDrafter:
         # gives the same answer whoever shares the batch), the others from this one.
         self.generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
         self.generators: dict[str, torch.Generator] = {}
+        self.caches: dict[str, SequenceCache] = {}  # request id -> the draft layers' keys and values
 
     @torch.inference_mode()
     def propose(self, requests, limits) -> dict:
@@ -42,12 +42,28 @@ class DraftModelDrafter:
         todo = [(r, min(limit, self.k)) for r, limit in zip(requests, limits) if min(limit, self.k) > 0]
         if not todo:
             return {}
-        seqs = [r.prompt_token_ids + r.output_token_ids for r, _ in todo]
-        self._note_work([(len(seq), k) for seq, (_, k) in zip(seqs, todo)])
+        caches, new = [], []
+        for r, _ in todo:
+            cache = self.caches.get(r.request_id)
+            if cache is None:
+                cache = self.caches[r.request_id] = SequenceCache(self.num_layers)
+            new.append(cache.catch_up(r.prompt_token_ids + r.output_token_ids))
+            caches.append(cache)
+        # Pass 0: the kept tokens the cache lacks; the last row of each gives the first guess.
+        positions = [len(c) + j for c, rows in zip(caches, new) for j in range(len(rows))]
+        logits = self._logits([t for rows in new for t in rows], positions, caches, [len(rows) for rows in new], True)
+        self._note_work([(len(c), len(rows), k) for c, rows, (_, k) in zip(caches, new, todo)])
+        for cache, rows in zip(caches, new):
+            cache.tokens += rows
         drafts, probs = [[] for _ in todo], [[] for _ in todo]
         for step in range(max(k for _, k in todo)):
             live = [i for i, (_, k) in enumerate(todo) if step < k]
-            logits = self._next_logits([seqs[i] + drafts[i] for i in live])
+            if step:  # one row per request: its latest guess, whose row gives the next guess
+                guesses = [drafts[i][-1] for i in live]
+                logits = self._logits(guesses, [len(caches[i]) + step - 1 for i in live], [caches[i] for i in live],
+                                      [1] * len(live), False)
+                for i, guess in zip(live, guesses):
+                    caches[i].pending_tokens.append(guess)
             for row, i in enumerate(live):
                 params = todo[i][0].sampling_params
                 if params.greedy:
@@ -59,14 +75,16 @@ class DraftModelDrafter:
         return {r.request_id: (drafts[i], torch.stack(probs[i]) if probs[i] else None)
                 for i, (r, _) in enumerate(todo)}
 
-    def _note_work(self, drafted: list[tuple[int, int]]) -> None:
-        """Count what a draft model with a cache of its own computes for requests of (length, k drafts):
-        pass j (0 <= j < k) runs one row per request, at position length - 1 + j (the last kept token,
-        then each guess), attending to length + j keys; the passes run one after another."""
+    def _note_work(self, drafted: list[tuple[int, int, int]]) -> None:
+        """Count the work of a step, for requests of (tokens cached before it, kept tokens computed, k):
+        pass 0 runs the kept tokens (row j at position cached + j attends to cached + j + 1 keys), each
+        pass j >= 1 one guess per request (at position length - 1 + j, attending to length + j keys); the
+        passes run one after another."""
         rows, context, passes = self._work
-        for length, k in drafted:
-            rows += k
-            context += k * length + k * (k - 1) // 2
+        for cached, fresh, k in drafted:
+            length = cached + fresh
+            rows += fresh + k - 1
+            context += fresh * cached + fresh * (fresh + 1) // 2 + sum(length + j for j in range(1, k))
             passes = max(passes, k)
         self._work = [rows, context, passes]
 
@@ -75,18 +93,16 @@ class DraftModelDrafter:
         work, self._work = tuple(self._work), [0, 0, 0]
         return work
 
-    def _next_logits(self, seqs: list[list[int]]) -> torch.Tensor:
-        """The draft model's logits after the last token of each sequence: [len(seqs), vocab]."""
+    def _logits(self, ids: list[int], positions: list[int], caches: list[SequenceCache], num_rows: list[int],
+                keep: bool) -> torch.Tensor:
+        """The draft model's logits after the last of each sequence's `num_rows` new rows: [len(caches), vocab]."""
         m = self.model
-        lens = [len(s) for s in seqs]
-        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=m.device)
-        positions = torch.cat([torch.arange(n, device=m.device) for n in lens])
-        x = m.embed_tokens(ids)
-        cos, sin = rope_cos_sin(positions, m.inv_freq, x.dtype)
-        attend = DenseCausalAttention(lens)
+        x = m.embed_tokens(torch.tensor(ids, dtype=torch.long, device=m.device))
+        cos, sin = rope_cos_sin(torch.tensor(positions, device=m.device), m.inv_freq, x.dtype)
+        attend = CachedAttention(caches, num_rows, keep)
         for layer in m.layers[: self.num_layers]:
             x = layer.forward(x, cos, sin, attend)
-        last = torch.tensor(lens, device=m.device).cumsum(0) - 1
+        last = torch.tensor(num_rows, device=m.device).cumsum(0) - 1
         return m.lm_head(m.norm(x[last]))
 
     def _generator(self, request) -> torch.Generator:
@@ -101,3 +117,4 @@ class DraftModelDrafter:
     def forget(self, request_ids) -> None:
         for rid in request_ids:
             self.generators.pop(rid, None)
+            self.caches.pop(rid, None)
