@@ -44,15 +44,16 @@ def test_reference_and_course_lib_pass_every_graded_seed(exercise):
         assert verdict(exercise, counterpart(exercise), seed) is None
 
 
-def test_an_answer_that_wraps_course_lib_is_refused():
-    from course_lib.cli.generate import answer as course_answer
+@pytest.mark.parametrize("exercise", sorted(EXERCISES))
+def test_handing_in_course_lib_or_a_wrapper_of_it_is_refused(exercise):
+    piece = counterpart(exercise)
 
-    def wrapper(model, tokenizer, prompt, max_tokens=64):
-        return course_answer(model, tokenizer, prompt, max_tokens)
+    def wrapper(*args, **kwargs):
+        return piece(*args, **kwargs)
 
-    for impl in (course_answer, wrapper):
+    for impl in (piece, wrapper):
         with pytest.raises(AssertionError, match="course_lib's reference"):
-            get_check("answer")(impl)
+            get_check(exercise)(impl)
 
 
 def test_answer_reuse_mutant_fails_on_a_fresh_start():

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from course_lib.model.config import ModelConfig
 
 from .. import fixtures
-from .._checking import (REFERENCE_MESSAGE, broke, call, check, expect, expect_unchanged, fail, kind_of, pristine,
-                         show, watch_calls)
+from .._checking import (REFERENCE_MESSAGE, broke, call, check, expect, expect_unchanged, fail, forbid_calls,
+                         kind_of, pristine, show, watch_calls)
 
 
 def _kv_cases(rng: random.Random):
@@ -94,8 +94,20 @@ def _kv_broken_rule(impl, cfg, b, got) -> tuple[str, str]:
     return "keys and values", "it scales right with every field, so a constant factor is off"
 
 
+def _kv_footprint_module():
+    from course_lib.model import kv_footprint
+
+    return [kv_footprint]
+
+
 @check("kv_bytes_per_token")
 def check_kv_bytes_per_token(impl, seed, allow_reference):
+    # A function that merely calls course_lib's formula is refused (the decorator refuses the formula itself).
+    with forbid_calls("kv_bytes_per_token", _kv_footprint_module(), enabled=not allow_reference):
+        _kv_cases_hold(impl, seed)
+
+
+def _kv_cases_hold(impl, seed):
     for cfg, b in _kv_cases(random.Random(seed)):
         # Everything the verdict reads comes from `cfg`, the check's own config: the student's code is
         # handed a copy of it (its changes to that copy are caught, and never change the expected value).
