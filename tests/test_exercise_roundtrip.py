@@ -19,6 +19,7 @@ import pytest
 from check_support import student_copy_fixture
 
 from autograder import record
+from autograder._checking import REFERENCE_MESSAGE
 from autograder.checks import get_check
 from autograder.exercises import EXERCISES
 from autograder.replay import read_records, replay
@@ -90,7 +91,7 @@ def _function_counterparts():
 
 
 @pytest.mark.parametrize("exercise", _function_counterparts(), ids=lambda e: e.adapter)
-def test_a_wrapper_of_course_libs_piece_gets_the_same_verdict_on_replay(exercise, recorded):
+def test_a_wrapper_of_course_libs_piece_is_refused_in_the_kernel_and_on_replay(exercise, recorded):
     """A function that merely calls course_lib's counterpart: where the kernel refuses it (forbid_calls), the
     grader's replay must refuse it too. (forbid_calls once read the watched calls before the replay had
     filled them in from the record, so such a wrapper failed in the notebook and passed the grade.)"""
@@ -104,11 +105,11 @@ def test_a_wrapper_of_course_libs_piece_gets_the_same_verdict_on_replay(exercise
     wrapper.__name__ = f"{exercise.adapter}_wrapper"  # (its own record file: the fixture names them after it)
     entry, outcome = recorded(exercise, wrapper)
     ok, message = replay(get_check(exercise.adapter), entry)
-    if outcome is None:
-        assert ok, f"the wrapper passes in the kernel but not on replay: {message}"
-    else:
-        assert not ok, f"the wrapper fails in the kernel ({outcome[:200]}) but passes on the grader's replay"
-        assert message == f"AssertionError: {outcome}"
+    # No credit for it anywhere: the kernel refuses it as course_lib's (nb00's kv_bytes_per_token once gave
+    # a wrapper full marks), and the replay agrees.
+    assert outcome is not None and REFERENCE_MESSAGE in outcome, f"the wrapper is not refused: {outcome}"
+    assert not ok, f"the wrapper fails in the kernel ({outcome[:200]}) but passes on the grader's replay"
+    assert message == f"AssertionError: {outcome}"
 
 
 def test_wrappers_are_refused_somewhere():
