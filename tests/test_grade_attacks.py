@@ -358,10 +358,20 @@ def test_full_width_identifiers_are_read_like_python_reads_them(batch):
     assert any("refers to the autograder" in i for i in entry["integrity"]), entry["integrity"]
 
 
+# A function that merely calls course_lib's formula: once flagged only (nb00's check had no call ban), now
+# refused by the verdict itself, as every check with a function counterpart does
+# (tests/test_exercise_roundtrip.py): no credit, and the cell says why.
+REFUSED_COPIES = {"reference_wrapped_no_call_ban"}
+
+
 @pytest.mark.parametrize("name", list(COPIES))
 def test_copies_of_the_reference_are_flagged_with_evidence(batch, name):
     base, _, by = batch
     entry = by[name]
+    if name in REFUSED_COPIES:
+        assert entry["score"] < entry["max_score"], entry
+        assert "course_lib's reference" in json.dumps(entry["cells"]), entry["cells"]
+        return
     evidence = COPIES[name][2]
     assert any(evidence in f for f in entry["flags"]), entry["flags"]
     rows = {r["student"]: r for r in csv.DictReader(open(base / "results" / "summary.csv", encoding="utf-8"))}
