@@ -102,3 +102,22 @@ def test_a_policy_stricter_than_the_pool_still_admits_into_an_empty_engine():
             break
         engine.step()
     check_all_finished(engine)
+
+
+def test_static_bus_arrives_when_its_last_rider_is_aborted():
+    """Found by the random-load test: on the static scheduler, a request that finished early waits for the
+    bus; when the last request still riding was aborted, no step ended the ride and the waiting one was
+    never delivered. The next step now delivers it."""
+    engine = LLMEngine(SCRIPTED_MODEL, EngineConfig(scheduler="static", page_size=1, num_pages=65, max_num_seqs=2,
+                                                    max_model_len=64, admission="none"))
+    first = engine.add_request([3], SamplingParams(max_tokens=1), scripted_output_len=1)
+    second = engine.add_request([4], SamplingParams(max_tokens=2), scripted_output_len=2)
+    engine.step()
+    engine.abort(second)
+    for _ in range(5):
+        if not engine.has_unfinished_requests:
+            break
+        engine.step()
+    check_all_finished(engine)
+    assert engine.requests[first].finish_time is not None
+    check_engine_invariants(engine)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .base import SchedulerBase
 from .output import ScheduledRequest, SchedulerOutput
-from .request import Request
+from .request import Request, RequestStatus
 
 
 class StaticScheduler(SchedulerBase):
@@ -52,6 +52,21 @@ class StaticScheduler(SchedulerBase):
         if out.scheduled:
             longest = max(s.num_new_tokens for s in out.scheduled)
             out.num_padded_tokens = sum(longest - s.num_new_tokens for s in out.scheduled)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        finished = super().update(out, sampled)
+        if self.running and all(r.finish_reason is not None for r in self.running):
+            # The last rider was aborted (abort leaves no step to end the ride): the bus arrives
+            # with the passengers who had finished before it.
+            arrived = list(self.running)
+            for r in arrived:
+                self.kv.free(r)
+                r.status = RequestStatus.FINISHED
+                if self._live.pop(r.request_id, None) is not None:
+                    self._gone.append(r.request_id)
+            self.running.clear()
+            finished += arrived
+        return finished
 
     def finish(self, request: Request) -> list[Request]:
         if not self.kv.reserve_max_len:
