@@ -332,6 +332,9 @@ def test_the_draft_models_cache_gives_the_logits_of_rerunning_the_whole_sequence
         b.output_token_ids += [rng.randrange(3, 61)]
         out = propose_and_compare([a, b])
     out = propose_and_compare([a])  # nothing new: a's last drafted entry was not scheduled
+    # the first guess rejected, then two more tokens before a's next drafted step (steps without drafts)
+    a.output_token_ids += [(out["a"][0][0] + 1) % 61, out["a"][0][1], rng.randrange(3, 61)]
+    out = propose_and_compare([a, b])
     a.output_token_ids = a.output_token_ids[:2]  # rolled back below what the cache holds
     propose_and_compare([a, b])
     # another answer after the same first tokens, longer than the cache: it must not be trusted

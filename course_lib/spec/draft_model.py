@@ -51,7 +51,7 @@ class DraftModelDrafter:
             caches.append(cache)
         # Pass 0: the kept tokens the cache lacks; the last row of each gives the first guess.
         positions = [len(c) + j for c, rows in zip(caches, new) for j in range(len(rows))]
-        logits = self._logits([t for rows in new for t in rows], positions, caches, [len(rows) for rows in new], True)
+        logits = self._logits([t for rows in new for t in rows], positions, caches, [len(rows) for rows in new])
         self._note_work([(len(c), len(rows), k) for c, rows, (_, k) in zip(caches, new, todo)])
         for cache, rows in zip(caches, new):
             cache.tokens += rows
@@ -61,9 +61,9 @@ class DraftModelDrafter:
             if step:  # one row per request: its latest guess, whose row gives the next guess
                 guesses = [drafts[i][-1] for i in live]
                 logits = self._logits(guesses, [len(caches[i]) + step - 1 for i in live], [caches[i] for i in live],
-                                      [1] * len(live), False)
+                                      [1] * len(live))
                 for i, guess in zip(live, guesses):
-                    caches[i].pending_tokens.append(guess)
+                    caches[i].guesses.append(guess)
             for row, i in enumerate(live):
                 params = todo[i][0].sampling_params
                 if params.greedy:
@@ -93,13 +93,13 @@ class DraftModelDrafter:
         work, self._work = tuple(self._work), [0, 0, 0]
         return work
 
-    def _logits(self, ids: list[int], positions: list[int], caches: list[SequenceCache], num_rows: list[int],
-                keep: bool) -> torch.Tensor:
+    def _logits(self, ids: list[int], positions: list[int], caches: list[SequenceCache],
+                num_rows: list[int]) -> torch.Tensor:
         """The draft model's logits after the last of each sequence's `num_rows` new rows: [len(caches), vocab]."""
         m = self.model
         x = m.embed_tokens(torch.tensor(ids, dtype=torch.long, device=m.device))
         cos, sin = rope_cos_sin(torch.tensor(positions, device=m.device), m.inv_freq, x.dtype)
-        attend = CachedAttention(caches, num_rows, keep)
+        attend = CachedAttention(caches, num_rows)
         for layer in m.layers[: self.num_layers]:
             x = layer.forward(x, cos, sin, attend)
         last = torch.tensor(num_rows, device=m.device).cumsum(0) - 1
