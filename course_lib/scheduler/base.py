@@ -349,11 +349,15 @@ class SchedulerBase:
 
     def _retire(self, r: Request, reason: FinishReason, finished: list) -> None:
         r.finish_reason = reason
-        for done in self.finish(r):
-            done.status = RequestStatus.FINISHED
-            if self._live.pop(done.request_id, None) is not None:
-                self._gone.append(done.request_id)
-            finished.append(done)
+        self._deliver(self.finish(r), finished)
+
+    def _deliver(self, done: list[Request], finished: list) -> None:
+        """Hand finished requests back: FINISHED, no longer live, and in this step's `finished`."""
+        for request in done:
+            request.status = RequestStatus.FINISHED
+            if self._live.pop(request.request_id, None) is not None:
+                self._gone.append(request.request_id)
+            finished.append(request)
 
     def _fork(self, leader: Request, forks: tuple, sampled: dict, logprobs, finished: list) -> None:
         """`leader`'s prompt is computed: its siblings are born now, sharing its pages, each with the

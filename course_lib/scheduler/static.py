@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .base import SchedulerBase
 from .output import ScheduledRequest, SchedulerOutput
-from .request import Request, RequestStatus
+from .request import Request
 
 
 class StaticScheduler(SchedulerBase):
@@ -58,14 +58,7 @@ class StaticScheduler(SchedulerBase):
         if self.running and all(r.finish_reason is not None for r in self.running):
             # The last rider was aborted (abort leaves no step to end the ride): the bus arrives
             # with the passengers who had finished before it.
-            arrived = list(self.running)
-            for r in arrived:
-                self.kv.free(r)
-                r.status = RequestStatus.FINISHED
-                if self._live.pop(r.request_id, None) is not None:
-                    self._gone.append(r.request_id)
-            self.running.clear()
-            finished += arrived
+            self._deliver(self._arrive(), finished)
         return finished
 
     def finish(self, request: Request) -> list[Request]:
@@ -73,6 +66,10 @@ class StaticScheduler(SchedulerBase):
             self.kv.free(request)  # paged memory comes back at once; the seat does not
         if any(r.finish_reason is None for r in self.running):
             return []  # the bus is still on the road
+        return self._arrive()
+
+    def _arrive(self) -> list[Request]:
+        """Everyone on the bus gets off: their memory and their seats come back."""
         arrived = list(self.running)
         for r in arrived:
             self.kv.free(r)
