@@ -172,7 +172,7 @@ class LLMEngine:
                                       seed=config.seed, forward=config.forward, batch_builder=batch_builder,
                                       verify=verify)
 
-        self._take_draft_work = None  # a draft model's count of its own work, priced with each step
+        self._draft_model = None  # a drafter that counts its own work (a draft model): priced with each step
         if config.speculative != "none":
             self._start_speculation()
 
@@ -291,7 +291,7 @@ class LLMEngine:
                                self.config.draft_layers, self.config.seed)
         self.scheduler.drafter = drafter
         if hasattr(drafter, "take_work"):
-            self._take_draft_work, self._draft_layer_fraction = drafter.take_work, drafter.layer_fraction
+            self._draft_model = drafter
 
     def abort(self, request_id) -> None:
         group = self.groups.get(str(request_id))
@@ -387,9 +387,10 @@ class LLMEngine:
             num_preemptions=len(out.preempted), page_owners=self._page_owners(),
             num_draft_tokens=drafts, num_accepted_tokens=out.num_accepted_drafts,
         )
-        if self._take_draft_work is not None:  # a draft model: its passes are priced too
-            stats.draft_model_rows, stats.draft_model_context_tokens, stats.draft_model_passes = self._take_draft_work()
-            stats.draft_layer_fraction = self._draft_layer_fraction
+        if self._draft_model is not None:  # a draft model: its passes are priced too
+            stats.draft_model_rows, stats.draft_model_context_tokens, stats.draft_model_passes = \
+                self._draft_model.take_work()
+            stats.draft_layer_fraction = self._draft_model.layer_fraction
         self.clock.charge(stats)
         end = stats.end_time = self.clock.now()
         self.step_stats.append(stats)
