@@ -168,6 +168,18 @@ def _restore_function(value, state):
     func.__kwdefaults__ = dict(kwdefaults) if kwdefaults else None
 
 
+def check_reload_order(names) -> list[str]:
+    """The order the guard reloads a notebook's check package in: its `_shared` module first, then one
+    file per exercise (each imports only `_shared`), then the package, whose names must be the fresh
+    checks (a package reloaded before its files would keep handing out the old ones)."""
+    def key(name):
+        parts = name.split(".")
+        leaf = parts[3] if len(parts) > 3 else None
+        return (".".join(parts[:3]), 2 if leaf is None else 0 if leaf.startswith("_") else 1, name)
+
+    return sorted(names, key=key)
+
+
 def _import_everything_checked():
     """What the checks use, imported before any submission code can run."""
     import numpy  # noqa: F401
@@ -212,7 +224,7 @@ def install(name: str) -> None:
         violations.extend(snapshot.check_and_restore())
         # Fresh check modules from disk: nothing the submission did to them (or their caches) survives.
         names = [n for n in _RELOAD_FIRST if n in sys.modules]
-        names += sorted(n for n in sys.modules if n.startswith("autograder.checks.") and n not in names)
+        names += check_reload_order(n for n in sys.modules if n.startswith("autograder.checks.") and n not in names)
         for module_name in names:
             module = reload(sys.modules[module_name])
             snapshot.add_module(module_name, module)

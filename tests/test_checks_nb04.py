@@ -17,6 +17,8 @@ if not torch.cuda.is_available():
 
 from autograder.checks import get_check  # noqa: E402
 from autograder.checks import nb04_paged_attention as checks  # noqa: E402
+from autograder.checks.nb04_paged_attention import _shared as inputs  # noqa: E402
+from autograder.checks.nb04_paged_attention import paged_attention_triton as triton_check  # noqa: E402
 from autograder.exercises import of_module  # noqa: E402
 from autograder.mutants import nb04_paged_attention as mutants  # noqa: E402
 from autograder.reference import nb04_paged_attention as reference  # noqa: E402
@@ -38,7 +40,7 @@ def test_course_lib_backends_pass():
 
 def test_every_unowned_slot_holds_nan_or_inf():
     """The rule 'garbage may be nan or inf' is only enforced if every unowned slot really is."""
-    q, k, v, bt, lens, scale = checks._case(random.Random(0), 4, 2, 8, 4, [1, 4, 7])
+    q, k, v, bt, lens, scale = inputs._case(random.Random(0), 4, 2, 8, 4, [1, 4, 7])
     owned = torch.zeros(k.shape[:2], dtype=torch.bool)
     for s, n in enumerate(lens.tolist()):
         for t in range(n):
@@ -77,12 +79,12 @@ def test_bfloat16_arithmetic_is_noted_and_a_float32_accumulating_dot_is_not():
     trade) have none."""
     from course_lib.attention.triton_decode import paged_decode_triton
 
-    _, case = checks._triton_bf16_case(0)
-    with checks._float16_arithmetic() as ops:
+    _, case = triton_check._triton_bf16_case(0)
+    with triton_check._float16_arithmetic() as ops:
         mutants.triton_in_bfloat16(*case)
     assert {("multiply", "bf16"), ("sum", "bf16")} <= set(ops), ops
     for impl in (reference.paged_attention_triton, paged_decode_triton):
-        with checks._float16_arithmetic() as ops:
+        with triton_check._float16_arithmetic() as ops:
             impl(*case)
         assert ops == [], (impl.__name__, ops)
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from autograder.checks import get_check
-from autograder.checks import nb05_hundred_users as checks
+from autograder.checks.nb05_hundred_users import latency_summary as checks
 from autograder.exercises import of_module
 from autograder.mutants import nb05_hundred_users as mutants
 from check_support import verdict

@@ -262,13 +262,13 @@ def graded(tmp_path_factory):
     orphan = base / "submitted" / "orphan" / "lost.ipynb"
     orphan.parent.mkdir(parents=True)
     nbformat.write(new_notebook(), orphan)
-    check_file = (ROOT / "autograder" / "checks" / "nb00_setup.py").read_bytes()
+    check_file = (ROOT / "autograder" / "checks" / "nb00_setup" / "kv_bytes_per_token.py").read_bytes()
     out = base / "grades.json"
     proc = subprocess.run([sys.executable, "-m", "autograder", "grade", *map(str, paths), str(garbage), str(orphan),
                            "--json", str(out), "--source-dir", str(base / "source"), "--timeout", str(TIMEOUT),
                            "--html", str(base / "html"), "--jobs", "2"], capture_output=True, text=True, cwd=base)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (ROOT / "autograder" / "checks" / "nb00_setup.py").read_bytes() == check_file, \
+    assert (ROOT / "autograder" / "checks" / "nb00_setup" / "kv_bytes_per_token.py").read_bytes() == check_file, \
         "the grader must never write to the repository's files"
     result = json.loads(out.read_text())
     by_name = {Path(nb["path"]).parent.parent.name: nb for nb in result["notebooks"]}

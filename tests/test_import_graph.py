@@ -101,3 +101,25 @@ def test_the_guard_reloads_each_check_helper_before_the_modules_that_import_it()
                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
     missing = sorted(s for s in sources if s in MODULES and s not in order)
     assert not missing, f"_checking re-exports names from modules the guard never reloads: {missing}"
+
+
+def test_the_guard_reloads_each_check_file_before_the_files_and_package_that_import_it():
+    """Each notebook's checks are a package (`_shared`, one file per exercise, the package's names): the
+    guard reloads them in `check_reload_order`, which must put every check module after the ones it imports,
+    or a reloaded module would keep what a submission made of an older one."""
+    from autograder.integrity import check_reload_order
+
+    checks = [n for n in MODULES if n.startswith("autograder.checks.")]
+    order = check_reload_order(checks)
+    assert sorted(order) == sorted(checks)
+    for position, name in enumerate(order):
+        late = sorted(d for d in _imported(name, MODULES[name]) if d in order and order.index(d) > position)
+        assert not late, f"{name} is reloaded before {late}, which it imports"
+
+
+def test_the_check_reload_order_puts_a_package_after_its_files():
+    from autograder.integrity import check_reload_order
+
+    assert check_reload_order(["autograder.checks.nb0.b", "autograder.checks.nb0", "autograder.checks.nb0._shared",
+                               "autograder.checks.nb0.a"]) == [
+        "autograder.checks.nb0._shared", "autograder.checks.nb0.a", "autograder.checks.nb0.b", "autograder.checks.nb0"]

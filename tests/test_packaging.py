@@ -116,7 +116,7 @@ def test_package_carries_what_notebooks_need_and_nothing_instructor_only(built, 
               "course_lib/model/tiny/tokenizer.json", "course_lib/attention/cpu_decode.c",
               "course_lib/model/cpu_forward.c", "course_lib/course.py", "autograder/_checking.py",
               "autograder/fixtures.py"]
-    needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "autograder" / "checks").glob("*.py")]
+    needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "autograder" / "checks").rglob("*.py")]
     needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "course_lib" / "serve" / "static").rglob("*")
                if p.is_file()]  # the dashboard's page, when there is one
     missing = sorted(set(needed) - set(names))
@@ -171,8 +171,8 @@ def test_installed_wheel_loads_the_model_and_imports_every_check(built, tmp_path
         "model, tokenizer = course_lib.load_tiny()\n"
         "from course_lib.attention import cpu_decode\n"
         "assert cpu_decode.SOURCE.is_file()\n"
-        "for m in pkgutil.iter_modules(checks.__path__):\n"
-        "    importlib.import_module('autograder.checks.' + m.name)\n"
+        "for m in pkgutil.walk_packages(checks.__path__, 'autograder.checks.'):\n"
+        "    importlib.import_module(m.name)\n"
         "print('ok', model.config.vocab_size)\n"
     ) % str(site)
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,

@@ -46,8 +46,9 @@ def named_rules(module: str) -> tuple[dict[str, int], set[str]]:
     rules a check names: the strings written in broke("<rule>", ...)'s and naming_rule("<rule>")'s first argument and in
     expect(..., rule="<rule>") (a conditional picks among literals); a rule chosen at run time (a
     variable) must still be written somewhere in the module, as one of its strings."""
-    path = ROOT / "autograder" / "checks" / f"{module}.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ROOT / "autograder" / "checks" / module  # `_shared`, one file per exercise, the package's names
+    tree = ast.Module(body=[node for path in sorted(package.glob("*.py"))
+                            for node in ast.parse(path.read_text(encoding="utf-8")).body], type_ignores=[])
     found = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -81,8 +82,8 @@ def test_checks_and_rules_blocks_name_the_same_rules(module):
     stated = {name for block in rules_blocks(assignment) for name in block}
     named, strings = named_rules(module)
     unknown = {name: line for name, line in named.items() if name not in stated}
-    assert not unknown, (f"autograder/checks/{module}.py names rules that no rules block of {assignment} states "
+    assert not unknown, (f"autograder/checks/{module}/ names rules that no rules block of {assignment} states "
                          f"(name: line): {unknown}")
     unnamed = sorted(stated - strings)
-    assert not unnamed, (f"{assignment} states rules that autograder/checks/{module}.py never names when it fails "
+    assert not unnamed, (f"{assignment} states rules that autograder/checks/{module}/ never names when it fails "
                          f"(broke(...) / expect(..., rule=...)): {unnamed}")
