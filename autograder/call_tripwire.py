@@ -18,9 +18,13 @@ instance made earlier, a functools.partial. The wires are laid on
   collector's objects (about 50 ms with torch loaded).
 
 A function made from those files *during* the block is made by code that already tripped a wire.
-Blocks nest (each notes what runs inside it). Like the profile hook it replaces, it notes calls in
-every thread, and is a review aid a determined student can undo (restoring `__code__`), not a
-security boundary.
+A module's code run a second time (`runpy.run_path` of its file, `importlib.reload`, `exec` of its
+code) makes new function objects no wire was laid on: an audit hook (`sys.addaudithook`, which no
+code can remove) sees every `exec`, notes a watched file's code run inside a block as a call, and
+remembers files whose module code ran twice, whose live functions a later block looks up again
+(the scan then includes the objects `gc.freeze()` hid). Blocks nest (each notes what runs inside
+it). Like the profile hook it replaces, it notes calls in every thread, and is a review aid a
+determined student can undo (restoring `__code__`), not a security boundary.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import gc
 import inspect
 import itertools
 import os
+import sys
 import types
 
 MAX_HITS = 1000
@@ -39,6 +44,42 @@ _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # i
 _copies: set[int] = set()  # the originals' stand-ins the trampolines call: never wired themselves
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, (note, copy)); holds fn
 _found: dict[frozenset, list] = {}  # files -> the functions of those modules and their classes
+_module_runs: dict[str, int] = {}  # file -> how many times its module code ran (once: imported)
+_rerun: set[str] = set()  # files whose module code ran more than once: copies of their functions exist
+_audit_installed = False
+
+
+def _audit(event: str, args) -> None:
+    """Every `exec` of a code object: a module's code run again, or a watched file's code run in a block."""
+    if event != "exec" or not args:
+        return
+    code = args[0]
+    path = getattr(code, "co_filename", None)
+    if not isinstance(path, str):
+        return
+    if code.co_name == "<module>":
+        runs = _module_runs[path] = _module_runs.get(path, 0) + 1
+        if runs > 1:
+            _rerun.add(path)
+        if runs > 1 or _watchers:
+            _note(path, "<its module code, run again>")
+    elif _watchers:
+        _note(path, code.co_name)
+
+
+def watch_module_runs() -> None:
+    """Install the audit hook once per process (before any submission code runs, under the grader):
+    the modules imported so far count as run once."""
+    global _audit_installed
+    if _audit_installed:
+        return
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            _module_runs.setdefault(path, 1)
+            _module_runs.setdefault(os.path.abspath(path), 1)
+    sys.addaudithook(_audit)
+    _audit_installed = True
 
 
 def _trampoline(original: types.CodeType, key: str) -> types.CodeType:
@@ -111,10 +152,19 @@ def _functions_of(module, files: frozenset) -> list[types.FunctionType]:
     return found
 
 
-def _live_functions(files: frozenset) -> list[types.FunctionType]:
-    """Every live function whose code comes from `files` (`tripwires` keeps the answer per file set)."""
-    return [o for o in gc.get_objects() if type(o) is types.FunctionType
-            and id(o) not in _copies and _code_file(o) in files]
+def _live_functions(files: frozenset, include_frozen: bool = False) -> list[types.FunctionType]:
+    """Every live function whose code comes from `files` (`tripwires` keeps the answer per file set).
+    `include_frozen`: also the objects `gc.freeze()` moved out of the collector's sight (the recording
+    freezes everything older than the check call, a copy made by the student's earlier cells too)."""
+    frozen = include_frozen and gc.get_freeze_count() > 0
+    if frozen:
+        gc.unfreeze()
+    try:
+        return [o for o in gc.get_objects() if type(o) is types.FunctionType
+                and id(o) not in _copies and _code_file(o) in files]
+    finally:
+        if frozen:
+            gc.freeze()
 
 
 def _note(path: str, name: str) -> None:
@@ -185,10 +235,14 @@ def tripwires(modules, hits: list):
                 functions.append(fn)
         _found[files] = functions
     functions = _found[files] + [fn for fn in single if _code_file(fn) not in files]
+    if files & _rerun:  # copies of these modules' functions were made since: wire those too
+        known = {id(fn) for fn in functions}
+        functions += [fn for fn in _live_functions(files, include_frozen=True) if id(fn) not in known]
     for fn in single:
         names.setdefault(_code_file(fn), fn.__module__)
     watcher = (names, hits)
     laid = []
+    watch_module_runs()
     try:
         for fn in functions:
             _lay(fn)

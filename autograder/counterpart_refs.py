@@ -4,8 +4,10 @@ from the notebook itself.
 The recorder's evidence of a call into the counterpart (`thread_reference_calls`) is written in the
 student's kernel, so a student can erase it from the record; what their cells import cannot be
 erased. A cell that imports the counterpart function or class itself (`from course_lib.x import
-kv_bytes_per_token`, or `import course_lib.x as m` and then `m.kv_bytes_per_token`) is flagged for
-review: a flag costs nothing by itself, and handing in the counterpart is refused by the checks.
+kv_bytes_per_token`, or `import course_lib.x as m` / `from course_lib import x as m` and then
+`m.kv_bytes_per_token`), or looks a counterpart's name up by a string (`namespace["kv_bytes_per_token"]`,
+`getattr(m, "kv_bytes_per_token")`), is flagged for review: a flag costs nothing by itself, and
+handing in the counterpart is refused by the checks.
 """
 from __future__ import annotations
 
@@ -24,11 +26,26 @@ def _counterparts() -> dict[str, set[str]]:
     return out
 
 
+def _looked_up_by_string(node) -> str | None:
+    """The name in `namespace["name"]` or `getattr(x, "name")` (a copy of a module's functions, made by
+    `runpy.run_path` or `exec` of its file, is a dict the function is fetched from by name)."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+          and len(node.args) >= 2):
+        key = node.args[1]
+    else:
+        return None
+    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+
+
 def counterpart_references(cells: list[tuple[int, str]], given: str = "") -> list[str]:
     """One line per (cell, counterpart) a student's cell imports or reaches through its module.
     `given`: the released notebook's code (an import the notebook itself writes, as notebook 07's
     `class StudentRecompute(ContinuousScheduler)` does, is not the student's)."""
     table = _counterparts()
+    # Compound names only (`kv_bytes_per_token`, `BlockPool`): `row["answer"]` is an honest dict's key.
+    every_name = {n for n in set().union(*table.values()) if "_" in n or n[1:] != n[1:].lower()}
     found: list[str] = []
     for index, source in cells:
         try:
@@ -45,6 +62,10 @@ def counterpart_references(cells: list[tuple[int, str]], given: str = "") -> lis
                     if alias.name in table[node.module]:
                         found.append(f"cell {index}: imports {node.module}.{alias.name}, the course_lib piece an "
                                      "exercise asks you to build")
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:  # `from course_lib.model import kv_footprint as k`: the module, whole
+                    if f"{node.module}.{alias.name}" in table:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name in table:
@@ -56,4 +77,8 @@ def counterpart_references(cells: list[tuple[int, str]], given: str = "") -> lis
                 if module and node.attr in table[module]:
                     found.append(f"cell {index}: uses {module}.{node.attr}, the course_lib piece an exercise asks "
                                  "you to build")
+            name = _looked_up_by_string(node)
+            if name in every_name:
+                found.append(f"cell {index}: looks up {name!r} by its name, as course_lib's piece an exercise asks "
+                             "you to build is called")
     return list(dict.fromkeys(found))

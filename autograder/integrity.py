@@ -195,6 +195,10 @@ def _import_everything_checked():
             importlib.import_module(name)
         except ImportError:  # a module that moved: the check that needs it will say so
             pass
+    # From here on, a module's code run a second time (a copy of course_lib's functions) is seen.
+    from autograder.call_tripwire import watch_module_runs
+
+    watch_module_runs()
 
 
 def install(name: str) -> None:

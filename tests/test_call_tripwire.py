@@ -172,3 +172,41 @@ def test_a_wired_function_looks_like_the_original_to_introspection(reference):
         with pytest.raises(TypeError):
             reference.keywords(1, 2)  # b is keyword-only, as in the original
     assert names(hits) == ["keywords", "keywords"]  # the refused call never got past its arguments
+
+
+def test_a_copy_of_the_module_made_before_the_block_trips_a_wire_even_when_frozen(reference):
+    """`runpy.run_path` of the module's file makes new function objects that no import path names; the
+    recording freezes the heap (gc.freeze) before the check runs, which hides them from a heap scan."""
+    import gc
+    import runpy
+
+    with tripwires([reference], []):  # a first block: the module's functions are looked up (and cached)
+        pass
+    copy = runpy.run_path(reference.__file__)  # the module's code runs a second time
+    gc.freeze()
+    try:
+        with tripwires([reference], []) as hits:
+            assert copy["plain"](1) == 2
+    finally:
+        gc.unfreeze()
+    assert names(hits) == ["plain"], hits
+
+
+def test_the_module_run_again_inside_the_block_is_noted(reference):
+    """(`importlib.reload`, `runpy.run_path`, `exec` of its code: each runs the module's code.)"""
+    import runpy
+
+    with tripwires([reference], []) as hits:
+        fresh = runpy.run_path(reference.__file__)
+    assert ("reference_mod", "<its module code, run again>") in hits, hits
+    assert fresh["plain"](1) == 2
+
+
+def test_another_module_run_inside_the_block_is_not_noted(reference, tmp_path):
+    import runpy
+
+    other = tmp_path / "other_mod.py"
+    other.write_text("def f():\n    return 1\n")
+    with tripwires([reference], []) as hits:
+        assert runpy.run_path(str(other))["f"]() == 1
+    assert hits == []

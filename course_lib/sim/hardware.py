@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from course_lib.model.kv_footprint import kv_bytes_per_token
+
 GiB = 2**30
 
 
@@ -69,8 +71,9 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V, every layer, every KV head: what one cached token costs in memory."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes_per_elem
+        """K and V, every layer, every KV head: what one cached token costs in memory (the one formula,
+        course_lib.model.kv_footprint's, which reads the same three fields off a shape as off a config)."""
+        return kv_bytes_per_token(self, self.kv_bytes_per_elem)
 
     def max_kv_tokens(self, gpu: GPUSpec, memory_fraction: float = 0.9) -> int:
         """Tokens of KV that fit beside the weights in `memory_fraction` of the GPU's memory."""

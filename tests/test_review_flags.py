@@ -1,0 +1,53 @@
+"""Review flags from the student's own code (no kernel): ways round the scan and the call bans that
+the red team used (issue 26's round: a course_lib module imported under another name, its function
+looked up by a string, a refused name spelled out of pieces), and honest notebooks raising none."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.counterpart_refs import counterpart_references
+from autograder.scan import review_flags
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("code, flag", [
+    ("from course_lib.model import kv_footprint as k\ndef f(c, b):\n    return k.kv_bytes_per_token(c, b)\n",
+     "uses course_lib.model.kv_footprint.kv_bytes_per_token"),
+    ("import runpy\nns = runpy.run_path('x.py')\ndef f(c, b):\n    return ns['kv_bytes_per_token'](c, b)\n",
+     "looks up 'kv_bytes_per_token' by its name"),
+    ("def f(m, e):\n    return getattr(m, 'preemption_report')(e)\n", "looks up 'preemption_report' by its name"),
+])
+def test_a_counterpart_reached_another_way_is_flagged(code, flag):
+    found = counterpart_references([(3, code)])
+    assert any(flag in f and f.startswith("cell 3:") for f in found), found
+
+
+@pytest.mark.parametrize("code, name", [
+    ("import sys\nm = getattr(sys, 'mod' + 'ules')\n", "modules"),
+    ("m = sys_modules['auto' + 'grader.call_tripwire']\n", "autograder"),
+    ("il = ''.join(['import', 'lib'])\n", "importlib"),
+    ("x = 'f_' + 'back'\n", "f_back"),
+])
+def test_a_refused_name_spelled_out_of_pieces_is_flagged(code, name):
+    assert any(f"spells {name!r} out of pieces" in f for f in review_flags(code)), review_flags(code)
+
+
+def test_ordinary_strings_are_not_flagged():
+    code = ("label = 'tokens' + '/s'\nprint('the ' + 'autograder' + ' runs this')\nrow = {'answer': 1}\n"
+            "x = row['answer'] + len('mod' + 'el')\n")
+    assert review_flags(code) == [] and counterpart_references([(0, "row = {'answer': 1}\ny = row['answer']\n")]) == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests" / "data" / "blind_honest").glob("*/*/*.ipynb")),
+                         ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_honest_notebooks_raise_none_of_these_flags(path):
+    assignment = path.parent.name
+    released = nbformat.read(ROOT / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+    given = "\n".join(c.source for c in released.cells if c.cell_type == "code")
+    cells = [(i, c.source) for i, c in enumerate(nbformat.read(path, as_version=4).cells) if c.cell_type == "code"]
+    assert counterpart_references(cells, given) == []
+    assert not [f for _, source in cells for f in review_flags(source) if "out of pieces" in f]
