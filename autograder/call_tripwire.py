@@ -39,7 +39,7 @@ import types
 MAX_HITS = 1000
 TRAMPOLINE_FILE = "<call_tripwire>"
 _serial = itertools.count()
-_watchers: list[tuple[dict, list]] = []  # the open blocks: ({file: module name}, their hits)
+_watchers: list[tuple[dict, dict, list]] = []  # open blocks: ({file: module}, {file: module, direct calls}, hits)
 _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # id -> (fn, code, key, users)
 _copies: set[int] = set()  # the originals' stand-ins the trampolines call: never wired themselves
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, (note, copy)); holds fn
@@ -62,9 +62,9 @@ def _audit(event: str, args) -> None:
         if runs > 1:
             _rerun.add(path)
         if runs > 1 or _watchers:
-            _note(path, "<its module code, run again>")
+            _note(path, "<its module code, run again>", ran=True)
     elif _watchers:
-        _note(path, code.co_name)
+        _note(path, code.co_name, ran=True)
 
 
 def watch_module_runs() -> None:
@@ -167,10 +167,27 @@ def _live_functions(files: frozenset, include_frozen: bool = False) -> list[type
             gc.freeze()
 
 
-def _note(path: str, name: str) -> None:
-    for names, hits in _watchers:
-        if path in names and len(hits) < MAX_HITS:
+def _note(path: str, name: str, ran: bool = False) -> None:
+    """A call of `path`'s function `name` (`ran`: its code was run by `exec`, not called through a wire)."""
+    for names, direct, hits in _watchers:
+        if len(hits) >= MAX_HITS:
+            continue
+        if path in names:
             hits.append((names[path], name))
+        elif path in direct and (ran or _called_by_the_student()):
+            hits.append((direct[path], name))
+
+
+def _called_by_the_student() -> bool:
+    """Whether the wired function was called straight from the student's code: the frames are this
+    function, `_note`, the wire's note, the wire itself, then its caller."""
+    from .user_code import is_user_file
+
+    try:
+        caller = sys._getframe(4)
+    except ValueError:
+        return False
+    return is_user_file(caller.f_code.co_filename)
 
 
 def _prepare(fn: types.FunctionType) -> tuple:
@@ -211,11 +228,14 @@ def _lift(fn: types.FunctionType) -> None:
 
 
 @contextlib.contextmanager
-def tripwires(modules, hits: list):
+def tripwires(modules, hits: list, direct_only=()):
     """Append (module name, function name) to `hits` (at most MAX_HITS) for every call, in the
     block, of a function whose code lives in one of `modules`: modules, file paths, or single
-    functions (only that function is watched, not the rest of its module)."""
+    functions (only that function is watched, not the rest of its module). `direct_only`: modules
+    whose functions count only when the student's code calls them itself (the checks' own code,
+    which the check's harness and the engine call on the student's behalf)."""
     names: dict[str, str] = {}  # file -> module name, as a hit names it
+    direct = {os.path.abspath(m.__file__): m.__name__ for m in direct_only if getattr(m, "__file__", None)}
     loaded, single = [], []
     for mod in modules:
         if type(mod) is types.FunctionType:
@@ -240,7 +260,11 @@ def tripwires(modules, hits: list):
         functions += [fn for fn in _live_functions(files, include_frozen=True) if id(fn) not in known]
     for fn in single:
         names.setdefault(_code_file(fn), fn.__module__)
-    watcher = (names, hits)
+    # The checks' modules are reloaded before every graded cell: their functions are read afresh
+    # (module contents only: no heap scan, which a block per engine step could not afford).
+    direct_files = frozenset(direct)
+    functions = functions + [fn for m in direct_only for fn in _functions_of(m, direct_files)]
+    watcher = (names, direct, hits)
     laid = []
     watch_module_runs()
     try:

@@ -48,26 +48,38 @@ def _fill_counter(target, recorded):
 
 
 @contextlib.contextmanager
-def watch_calls(modules):
+def watch_calls(modules, direct_only=()):
     """Record (module name, function name) of every call into code from `modules` in the block (modules,
-    or single functions: autograder.call_tripwire)."""
+    or single functions: autograder.call_tripwire), and of calls the student's code makes itself into
+    `direct_only`'s."""
     m = active_membrane()
     if m is not None and m.mode == "replay":
         with _hooked("watch", [], _fill_list) as hits:
             yield hits
         return
-    with _hooked("watch", [], _fill_list) as hits, _watch_calls(modules, hits):
+    with _hooked("watch", [], _fill_list) as hits, _watch_calls(modules, hits, direct_only):
         yield hits
 
 
 @contextlib.contextmanager
-def _watch_calls(modules, hits):
+def _watch_calls(modules, hits, direct_only=()):
     # Trip wires in the modules' functions, not a profile hook: a hook runs a Python callback on every
     # call and return of all the block's code and doubled the recorded checks (autograder.call_tripwire).
     from .call_tripwire import tripwires
 
-    with tripwires(modules, hits):
+    with tripwires(modules, hits, direct_only):
         yield hits
+
+
+def _own_check_modules(name: str) -> list:
+    """The loaded modules of exercise `name`'s check package: the check's own computation of the answer
+    is there, a right answer the student's code could call (reached through `sys.modules`)."""
+    from .exercises import EXERCISES
+
+    module = next((e.module for e in EXERCISES if e.adapter == name), None)
+    package = f"autograder.checks.{module}" if module else None
+    return [mod for key, mod in list(sys.modules.items())
+            if package and mod is not None and (key == package or key.startswith(package + "."))]
 
 
 @contextlib.contextmanager
@@ -78,8 +90,13 @@ def forbid_calls(name: str, modules, enabled: bool = True):
         yield
         return
     hits = []
+    # Recording for the grader, the student's code gets the check's objects and callbacks through the
+    # membrane's proxies, so a call it makes itself into the check's own code is one it reached on its
+    # own. (Without a membrane, in the notebook, it calls a harness's callbacks itself: not watched.)
+    membrane = active_membrane()
+    own = _own_check_modules(name) if membrane is not None and membrane.mode == "record" else []
     try:
-        with watch_calls(modules) as hits:
+        with watch_calls(modules, own) as hits:
             yield
     finally:
         # Read once the watch has closed: replaying a record, that is when the calls are filled in from it

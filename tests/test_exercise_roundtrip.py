@@ -115,3 +115,24 @@ def test_a_wrapper_of_course_libs_piece_is_refused_in_the_kernel_and_on_replay(e
 def test_wrappers_are_refused_somewhere():
     """The test above is not vacuous: course_lib's pieces that are plain functions exist in several notebooks."""
     assert len(_function_counterparts()) >= 5
+
+
+def test_a_function_calling_the_checks_own_answer_is_refused_in_the_kernel_and_on_replay(recorded):
+    """The check computes the right answer itself; a student's function reaching that code through
+    `sys.modules` (the sixth red team: `getattr(sys, "mod" + "ules")[...]`) earned full marks. Recording for
+    the grader, a call the student's code makes itself into its check's package is refused like a call of
+    course_lib's counterpart (the check's callbacks reach the student's code through the membrane's
+    proxies, so a call of theirs is not the student's own)."""
+    import sys
+
+    from autograder.exercises import BY_ADAPTER
+
+    exercise = BY_ADAPTER["preemption_report"]
+
+    def preemption_report_through_the_check(engine):
+        return sys.modules["autograder.checks.nb07_admission_control.preemption_report"]._report(engine)
+
+    entry, outcome = recorded(exercise, preemption_report_through_the_check)
+    assert outcome is not None and REFERENCE_MESSAGE in outcome and "_report" in outcome, outcome
+    ok, message = replay(get_check(exercise.adapter), entry)
+    assert not ok and message == f"AssertionError: {outcome}", message
