@@ -44,18 +44,41 @@ _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # i
 _copies: set[int] = set()  # the originals' stand-ins the trampolines call: never wired themselves
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, (note, copy)); holds fn
 _found: dict[frozenset, list] = {}  # files -> the functions of those modules and their classes
+_found_bytecode: dict[frozenset, dict] = {}  # files -> {their functions' bytecode: file}
+_unsure: set[int] = set()  # functions whose block ended by an exception: their stand-ins are counted later
+_baseline: dict[int, tuple[int, int]] = {}  # id(fn) -> its stand-in's references when made (`_references`)
 _module_runs: dict[str, int] = {}  # file -> how many times its module code ran (once: imported)
 _rerun: set[str] = set()  # files whose module code ran more than once: copies of their functions exist
+# Functions made by hand (`types.FunctionType(code, ...)`, from a code object `.replace()`d or `marshal`led):
+# the files their code names, and their bytecode (a copy may carry another file name). Bounded: a flood
+# of made functions only makes later blocks search the heap.
+_made_files: set[str] = set()
+_made_bytecode: set[bytes] = set()
+MAX_MADE = 10_000
+_making_copy = False  # set while this module makes its own stand-ins (not a student's copies)
 _audit_installed = False
 
 
 def _audit(event: str, args) -> None:
-    """Every `exec` of a code object: a module's code run again, or a watched file's code run in a block."""
+    """Every `exec` of a code object (a module's code run again, or a watched file's code run in a block),
+    and every function or code object made by hand (a copy of a watched function)."""
+    if event == "function.__new__" and args and not _making_copy:
+        code = args[0]
+        path = getattr(code, "co_filename", None)
+        if isinstance(path, str) and len(_made_files) < MAX_MADE:
+            _made_files.add(path)
+            _made_bytecode.add(code.co_code)
+        if _watchers and isinstance(path, str):
+            _note(path, f"<a copy of {code.co_name}, made>", ran=True)
+        return
+    if event == "code.__new__" and args and isinstance(args[0], bytes) and len(_made_bytecode) < MAX_MADE:
+        _made_bytecode.add(args[0])  # (its file name may be another's: the bytecode is what a copy shares)
+        return
     if event != "exec" or not args:
         return
     code = args[0]
     path = getattr(code, "co_filename", None)
-    if not isinstance(path, str):
+    if not isinstance(path, str) or path.startswith("<"):
         return
     if code.co_name == "<module>":
         runs = _module_runs[path] = _module_runs.get(path, 0) + 1
@@ -118,6 +141,11 @@ def _trampoline(original: types.CodeType, key: str) -> types.CodeType:
                         co_qualname=code.co_qualname)
 
 
+def _original_code(fn) -> types.CodeType:
+    """`fn`'s own code, also while a wire stands in for it."""
+    return _wired[id(fn)][1] if id(fn) in _wired else fn.__code__
+
+
 def _code_file(fn) -> str:
     """Where `fn`'s own code lives (its original's, while a wire stands in). Code objects carry the
     path they were compiled from, absolute for anything imported from a file, as `files` holds them."""
@@ -152,16 +180,18 @@ def _functions_of(module, files: frozenset) -> list[types.FunctionType]:
     return found
 
 
-def _live_functions(files: frozenset, include_frozen: bool = False) -> list[types.FunctionType]:
-    """Every live function whose code comes from `files` (`tripwires` keeps the answer per file set).
-    `include_frozen`: also the objects `gc.freeze()` moved out of the collector's sight (the recording
-    freezes everything older than the check call, a copy made by the student's earlier cells too)."""
+def _live_functions(files: frozenset, include_frozen: bool = False,
+                    bytecode: dict | None = None) -> list[types.FunctionType]:
+    """Every live function whose code comes from `files` (`tripwires` keeps the answer per file set), or
+    whose bytecode is one of `bytecode`'s (a copy under another file name). `include_frozen`: also the
+    objects `gc.freeze()` moved out of the collector's sight (the recording freezes everything older than
+    the check call, a copy made by the student's earlier cells too)."""
     frozen = include_frozen and gc.get_freeze_count() > 0
     if frozen:
         gc.unfreeze()
     try:
-        return [o for o in gc.get_objects() if type(o) is types.FunctionType
-                and id(o) not in _copies and _code_file(o) in files]
+        return [o for o in gc.get_objects() if type(o) is types.FunctionType and id(o) not in _copies
+                and (_code_file(o) in files or (bytecode and o.__code__.co_code in bytecode))]
     finally:
         if frozen:
             gc.freeze()
@@ -179,52 +209,117 @@ def _note(path: str, name: str, ran: bool = False) -> None:
 
 
 def _called_by_the_student() -> bool:
-    """Whether the wired function was called straight from the student's code: the frames are this
-    function, `_note`, the wire's note, the wire itself, then its caller."""
+    """Whether the wired function was called by the student's code: the frames are this function, `_note`,
+    the wire's note, the wire itself, then its callers. Frames of code that only passes a call on (the
+    standard library's `functools`, `unittest.mock`, `map`'s Python callers; any file outside course_lib and
+    the autograder) are looked through; the first frame of course_lib's (the engine calling its hooks) or of
+    the autograder's (the membrane's proxies, through which the check's callbacks reach the student) says
+    it was not the student's own call."""
     from .user_code import is_user_file
 
     try:
-        caller = sys._getframe(4)
+        frame = sys._getframe(4)
     except ValueError:
         return False
-    return is_user_file(caller.f_code.co_filename)
+    for _ in range(64):
+        if frame is None:
+            return False
+        path = frame.f_code.co_filename
+        if is_user_file(path):
+            return True
+        if path.startswith(_OWN_ROOTS):
+            return False
+        frame = frame.f_back
+    return False
 
 
-def _prepare(fn: types.FunctionType) -> tuple:
-    """(trampoline code, its globals key, (note, copy of the original)) for `fn`, built once per function:
-    a block lays hundreds of wires (a check calls the student's function once per engine step)."""
+_OWN_ROOTS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+                   for d in ("course_lib", "autograder"))
+
+
+def _prepare(fn: types.FunctionType, path: str | None = None) -> tuple:
+    """(fn, its code, trampoline, its globals key, (note, copy of the original)) for `fn`, built once per
+    function: a block lays hundreds of wires (a check calls the student's function once per engine step).
+    `path`: the watched file a hit names (a copy found by its bytecode may name another)."""
+    global _making_copy
     ready = _prepared.get(id(fn))
     if ready is None:
         original = fn.__code__
-        copy = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        _making_copy = True
+        try:
+            copy = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        finally:
+            _making_copy = False
         copy.__kwdefaults__ = fn.__kwdefaults__
         _copies.add(id(copy))
-        path, name = original.co_filename, original.co_name
+        path, name = path or original.co_filename, original.co_name
         key = f"__ag_tripwire_{next(_serial)}"  # a name no module uses, there only while the wire is
         ready = _prepared[id(fn)] = (fn, original, _trampoline(original, key), key,
                                      (lambda: _note(path, name), copy))
+        del copy
+        _baseline[id(fn)] = _references(id(fn))
     return ready
 
 
-def _lay(fn: types.FunctionType) -> None:
+def _references(fid: int) -> tuple[int, int]:
+    """How many references a function's stand-in pair and its copy have (counted with no other local
+    holding them, the same way before and after a block): more after a block means code kept one (the
+    pair sits in the watched module's globals while the wire is laid)."""
+    pair = _prepared[fid][4]
+    return sys.getrefcount(pair), sys.getrefcount(pair[1])
+
+
+def _lay(fn: types.FunctionType, path: str | None = None) -> None:
     if id(fn) in _wired:
         fn_, code, key, users = _wired[id(fn)]
         _wired[id(fn)] = (fn_, code, key, users + 1)
         return
-    _, original, trampoline, key, pair = _prepare(fn)
-    fn.__globals__[key] = pair
-    fn.__code__ = trampoline
-    _wired[id(fn)] = (fn, original, key, 1)
+    ready = _prepare(fn, path)
+    fn.__globals__[ready[3]] = ready[4]
+    fn.__code__ = ready[2]
+    _wired[id(fn)] = (fn, ready[1], ready[3], 1)
 
 
-def _lift(fn: types.FunctionType) -> None:
+def _lift(fn: types.FunctionType, count: bool = True) -> str | None:
+    """Take the wire off; the file a hit names when code took the wire's stand-in while it was laid
+    (that stand-in is then wired like any copy, and the function gets a new one). `count`: False when
+    the block ended by an exception (counted at the next block instead)."""
     fn_, code, key, users = _wired[id(fn)]
     if users > 1:
         _wired[id(fn)] = (fn_, code, key, users - 1)
-        return
+        return None
     del _wired[id(fn)]
     fn.__code__ = code
     fn.__globals__.pop(key, None)
+    return _stand_in_taken(id(fn)) if count else None
+
+
+def _stand_in_taken(fid: int) -> str | None:
+    """If code holds `fid`'s stand-in (more references than when it was made): forget it, so that a heap
+    search wires it like any copy, and name its file."""
+    _unsure.discard(fid)
+    now, before = _references(fid), _baseline[fid]
+    if now[0] <= before[0] and now[1] <= before[1]:
+        return None
+    note, copy = _prepared.pop(fid)[4]
+    del _baseline[fid]
+    _copies.discard(id(copy))
+    _made_files.add(_code_file(copy))
+    return _note_path(note)
+
+
+def _recheck_stand_ins() -> None:
+    """The stand-ins of functions whose block ended by an exception, counted now that it is handled."""
+    for fid in list(_unsure):
+        if fid in _prepared and fid not in _wired:
+            _stand_in_taken(fid)
+        _unsure.discard(fid)
+
+
+def _note_path(note) -> str:
+    """The watched file a stand-in's note names (the `path` its lambda closes over)."""
+    cells = dict(zip(note.__code__.co_freevars, note.__closure__ or ()))
+    return cells["path"].cell_contents if "path" in cells else ""
 
 
 @contextlib.contextmanager
@@ -234,6 +329,7 @@ def tripwires(modules, hits: list, direct_only=()):
     functions (only that function is watched, not the rest of its module). `direct_only`: modules
     whose functions count only when the student's code calls them itself (the checks' own code,
     which the check's harness and the engine call on the student's behalf)."""
+    _recheck_stand_ins()
     names: dict[str, str] = {}  # file -> module name, as a hit names it
     direct = {os.path.abspath(m.__file__): m.__name__ for m in direct_only if getattr(m, "__file__", None)}
     loaded, single = [], []
@@ -254,28 +350,41 @@ def tripwires(modules, hits: list, direct_only=()):
                 seen.add(id(fn))
                 functions.append(fn)
         _found[files] = functions
-    functions = _found[files] + [fn for fn in single if _code_file(fn) not in files]
-    if files & _rerun:  # copies of these modules' functions were made since: wire those too
-        known = {id(fn) for fn in functions}
-        functions += [fn for fn in _live_functions(files, include_frozen=True) if id(fn) not in known]
+        _found_bytecode[files] = {_original_code(fn).co_code: _code_file(fn) for fn in functions}
+    functions = [(fn, None) for fn in _found[files]] + [(fn, None) for fn in single if _code_file(fn) not in files]
+    bytecode = _found_bytecode[files]
+    if files & (_rerun | _made_files) or not _made_bytecode.isdisjoint(bytecode):
+        # Copies of these modules' functions were made since (a module run again, a function made by hand
+        # from their code): find them, frozen ones too, by file or by bytecode, and wire them as well.
+        known = {id(fn) for fn, _ in functions}
+        functions += [(fn, None if _code_file(fn) in files else bytecode[fn.__code__.co_code])
+                      for fn in _live_functions(files, include_frozen=True, bytecode=bytecode)
+                      if id(fn) not in known]
     for fn in single:
         names.setdefault(_code_file(fn), fn.__module__)
     # The checks' modules are reloaded before every graded cell: their functions are read afresh
     # (module contents only: no heap scan, which a block per engine step could not afford).
     direct_files = frozenset(direct)
-    functions = functions + [fn for m in direct_only for fn in _functions_of(m, direct_files)]
+    functions += [(fn, None) for m in direct_only for fn in _functions_of(m, direct_files)]
     watcher = (names, direct, hits)
     laid = []
     watch_module_runs()
     try:
-        for fn in functions:
-            _lay(fn)
+        for fn, path in functions:
+            _lay(fn, path)
             laid.append(fn)
         _watchers.append(watcher)
         yield hits
+    except BaseException:
+        # The traceback holds the frames that called the stand-ins: their references are not code keeping
+        # one. Counted again when the next block opens (the block failed: its hits change no verdict).
+        _unsure.update(id(fn) for fn in laid)
+        raise
     finally:
         for i in range(len(_watchers) - 1, -1, -1):
             if _watchers[i] is watcher:
                 del _watchers[i]
         for fn in reversed(laid):
-            _lift(fn)
+            taken = _lift(fn, count=id(fn) not in _unsure)
+            if taken is not None and len(hits) < MAX_HITS:
+                hits.append((names.get(taken) or direct.get(taken, taken), "<the wire's stand-in, taken>"))

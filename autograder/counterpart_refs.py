@@ -5,8 +5,8 @@ The recorder's evidence of a call into the counterpart (`thread_reference_calls`
 student's kernel, so a student can erase it from the record; what their cells import cannot be
 erased. A cell that imports the counterpart function or class itself (`from course_lib.x import
 kv_bytes_per_token`, or `import course_lib.x as m` / `from course_lib import x as m` and then
-`m.kv_bytes_per_token`), or looks a counterpart's name up by a string (`namespace["kv_bytes_per_token"]`,
-`getattr(m, "kv_bytes_per_token")`), is flagged for review: a flag costs nothing by itself, and
+`m.kv_bytes_per_token`), or calls a function it looks up by a counterpart's name (`namespace["kv_bytes_per_token"](...)`,
+`getattr(m, "kv_bytes_per_token")(...)`), is flagged for review: a flag costs nothing by itself, and
 handing in the counterpart is refused by the checks.
 """
 from __future__ import annotations
@@ -27,13 +27,17 @@ def _counterparts() -> dict[str, set[str]]:
 
 
 def _looked_up_by_string(node) -> str | None:
-    """The name in `namespace["name"]` or `getattr(x, "name")` (a copy of a module's functions, made by
-    `runpy.run_path` or `exec` of its file, is a dict the function is fetched from by name)."""
-    if isinstance(node, ast.Subscript):
-        key = node.slice
-    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-          and len(node.args) >= 2):
-        key = node.args[1]
+    """The name in `namespace["name"](...)` or `getattr(x, "name")(...)`: a function fetched by its name and
+    called (a copy of a module's functions, made by `runpy.run_path` or `exec` of its file, is a dict the
+    function is fetched from). Only a call: `row["kv_bytes_per_token"] = ...` is an honest table's key."""
+    if not isinstance(node, ast.Call):
+        return None
+    fetched = node.func
+    if isinstance(fetched, ast.Subscript):
+        key = fetched.slice
+    elif (isinstance(fetched, ast.Call) and isinstance(fetched.func, ast.Name) and fetched.func.id == "getattr"
+          and len(fetched.args) >= 2):
+        key = fetched.args[1]
     else:
         return None
     return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None

@@ -153,8 +153,9 @@ def _pieces(node) -> list[str] | None:
 
 
 def _names_built_from_pieces(code: str) -> list[str]:
-    """A name the scan refuses, spelled out of pieces (`"auto" + "grader"`, `"mod" + "ules"`): written
-    whole it would have zeroed the notebook, so pieces are a way round the scan worth a look."""
+    """A name the scan refuses, spelled out of pieces (`"auto" + "grader"`, `"mod" + "ules"`) or written as a
+    string that holds nothing else (`getattr(f, "__code__")`, `sys_modules["autograder.checks"]`): written as
+    a name it would have zeroed the notebook, so a string is a way round the scan worth a look."""
     import ast
 
     try:
@@ -163,12 +164,29 @@ def _names_built_from_pieces(code: str) -> list[str]:
         return []
     flags = []
     for node in ast.walk(tree):
-        pieces = _pieces(node) if not isinstance(node, ast.Constant) else None
-        if not pieces or len(pieces) < 2:
+        pieces = _pieces(node)
+        if not pieces or (len(pieces) == 1 and not isinstance(node, ast.Constant)):
             continue
-        words = set("".join(pieces).split("."))
-        hit = sorted(w for w in words if w in _FORBIDDEN_NAMES or w == "modules")
+        text = "".join(pieces)
+        if len(pieces) == 1 and (not _DOTTED.fullmatch(text) or _inside_pieces(node, tree)):
+            continue  # a whole string: flagged only when it is nothing but a name (`"__code__"`, `"modules"`)
+        hit = sorted(w for w in set(text.split(".")) if w in _FORBIDDEN_NAMES or w == "modules")
         if hit:
-            flags.append(f"line {node.lineno}: spells {hit[0]!r} out of pieces of strings "
-                         f"(`{ast.unparse(node)[:80]}`)")
+            how = "out of pieces of strings" if len(pieces) > 1 else "in a string"
+            flags.append(f"line {node.lineno}: spells {hit[0]!r} {how} (`{ast.unparse(node)[:80]}`)")
     return flags
+
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _inside_pieces(constant, tree) -> bool:
+    """Whether `constant` is one piece of a joined string (that string is judged as a whole)."""
+    import ast
+
+    for node in ast.walk(tree):
+        if node is not constant and isinstance(node, (ast.BinOp, ast.Call)):
+            pieces = _pieces(node)
+            if pieces and len(pieces) > 1 and any(child is constant for child in ast.walk(node)):
+                return True
+    return False

@@ -210,3 +210,40 @@ def test_another_module_run_inside_the_block_is_not_noted(reference, tmp_path):
     with tripwires([reference], []) as hits:
         assert runpy.run_path(str(other))["f"]() == 1
     assert hits == []
+
+
+def test_a_function_made_by_hand_from_the_code_trips_a_wire(reference):
+    """`types.FunctionType` of a function's code, the same object, a `.replace()`d one under another file
+    name, or one through `marshal`: new function objects no import names (the seventh red team)."""
+    import marshal
+    import types
+
+    code = reference.plain.__code__
+    same = types.FunctionType(code, {})
+    renamed = types.FunctionType(code.replace(co_filename="mine.py"), {})
+    thawed = types.FunctionType(marshal.loads(marshal.dumps(code)), {})
+    with tripwires([reference], []) as hits:
+        assert same(1) == 2 and renamed(1) == 2 and thawed(1) == 2
+    assert names(hits) == ["plain", "plain", "plain"] and {m for m, _ in hits} == {"reference_mod"}, hits
+
+
+def test_a_wire_stand_in_kept_by_code_in_the_block_is_noted_and_wired_after(reference):
+    """The stand-in that the wire calls sits in the module's globals while the block is open."""
+    kept = []
+    with tripwires([reference], []) as hits:
+        kept += [v[1] for k, v in vars(reference).items() if k.startswith("__ag_tripwire") and
+                 getattr(v[1], "__name__", "") == "plain"]
+        assert kept[0](1) == 2
+    assert ("reference_mod", "<the wire's stand-in, taken>") in hits, hits
+    with tripwires([reference], []) as later:
+        assert kept[0](1) == 2
+    assert names(later) == ["plain"], later
+
+
+def test_a_block_ended_by_an_exception_is_not_taken_for_a_kept_stand_in(reference):
+    with pytest.raises(TypeError):
+        with tripwires([reference], []):
+            reference.plain("x")
+    with tripwires([reference], []) as hits:
+        assert reference.plain(1) == 2
+    assert names(hits) == ["plain"], hits

@@ -14,7 +14,17 @@ wires watch. Each a right answer built from course_lib's code, graded in the bat
   autograder/call_tripwire.py), but the notebook is flagged twice for review (the counterpart's
   module imported under another name, and names spelled out of pieces).
 
-On the grader before this fix each of the four earned full marks with no flag.
+On the grader before this fix each of the four earned full marks with no flag. The seventh red team
+then found, each with full marks and no flag:
+
+- a function made by hand from the code of course_lib's (`types.FunctionType(f.__code__.replace(), {})`,
+  course_lib's function picked out of its module without naming it): 0 (an audit hook sees every function
+  made by hand; a later block finds such copies on the heap, by file or by bytecode, and wires them);
+- the wire's own stand-in (the copy of the original that the wire calls, in the module's globals while
+  a block is open), kept from the first call and called through `unittest.mock`: 0 (a stand-in that
+  code kept, counted by its references when the block ends, is a hit, and is wired like any copy);
+- an honest answer followed by a table keyed by the exercise's name (`row["kv_bytes_per_token"] = ...`):
+  full marks and no flag (a name looked up by a string is flagged only when what it fetches is called).
 """
 from __future__ import annotations
 
@@ -61,6 +71,46 @@ def kv_bytes_per_token(config, bytes_per_elem):
 '''
 
 
+_MADE_BY_HAND = '''import types
+import course_lib.model.kv_footprint
+_ns = vars(course_lib.model).get("kv_footprint")
+_ref = [v for v in vars(_ns).values() if isinstance(v, types.FunctionType)][0]
+_copy = types.FunctionType(getattr(_ref, "__code__").replace(), {})
+
+
+def kv_bytes_per_token(config, bytes_per_elem):
+    return _copy(config, bytes_per_elem)
+'''
+
+_STAND_IN_KEPT = '''from unittest import mock
+import course_lib.model.kv_footprint
+_g = vars(vars(course_lib.model).get("kv_footprint"))
+_cache = []
+
+
+def kv_bytes_per_token(config, bytes_per_elem):
+    if not _cache:
+        _cache.extend(v[1] for k, v in list(_g.items()) if k.startswith("__ag_trip"))
+    if not _cache:
+        return -1
+    return mock.Mock(side_effect=_cache[0])(config, bytes_per_elem)
+'''
+
+_HONEST_TABLE = '''def kv_bytes_per_token(config, bytes_per_elem):
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
+
+
+row = {}
+row["kv_bytes_per_token"] = 4
+print(row["kv_bytes_per_token"])
+'''
+
+
+def _full_marks_and_no_flag(graded):
+    entry = graded.by["rt7_honest_table"]
+    assert entry["score"] == MAX and not entry["flags"] and not entry["copies"], (entry["score"], entry["flags"])
+
+
 def _refused(student, *flags):
     def expect(graded):
         entry = graded.by[student]
@@ -85,4 +135,10 @@ CASES = [
                _refused("rt6_another_module")),
     AttackCase("rt6_wires_undone", lambda b: [b.write("rt6_wires_undone", b.attack(_WIRES_UNDONE))],
                _flagged_for_review),
+    AttackCase("rt7_made_by_hand", lambda b: [b.write("rt7_made_by_hand", b.attack(_MADE_BY_HAND))],
+               _refused("rt7_made_by_hand", "spells '__code__' in a string")),
+    AttackCase("rt7_stand_in_kept", lambda b: [b.write("rt7_stand_in_kept", b.attack(_STAND_IN_KEPT))],
+               _refused("rt7_stand_in_kept")),
+    AttackCase("rt7_honest_table", lambda b: [b.write("rt7_honest_table", b.attack(_HONEST_TABLE))],
+               _full_marks_and_no_flag),
 ]
