@@ -45,6 +45,7 @@ _copies: set[int] = set()  # the originals' stand-ins the trampolines call: neve
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, (note, copy)); holds fn
 _found: dict[frozenset, list] = {}  # files -> the functions of those modules and their classes
 _found_bytecode: dict[frozenset, dict] = {}  # files -> {their functions' bytecode: file}
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _unsure: set[int] = set()  # functions whose block ended by an exception: their stand-ins are counted later
 _baseline: dict[int, tuple[int, int]] = {}  # id(fn) -> its stand-in's references when made (`_references`)
 _module_runs: dict[str, int] = {}  # file -> how many times its module code ran (once: imported)
@@ -298,6 +299,8 @@ def _stand_in_taken(fid: int) -> str | None:
     """If code holds `fid`'s stand-in (more references than when it was made): forget it, so that a heap
     search wires it like any copy, and name its file."""
     _unsure.discard(fid)
+    if _prepared[fid][1].co_flags & _SUSPENDS:
+        return None  # a generator it made may still run (its frame holds the stand-in): not code keeping it
     now, before = _references(fid), _baseline[fid]
     if now[0] <= before[0] and now[1] <= before[1]:
         return None

@@ -247,3 +247,12 @@ def test_a_block_ended_by_an_exception_is_not_taken_for_a_kept_stand_in(referenc
     with tripwires([reference], []) as hits:
         assert reference.plain(1) == 2
     assert names(hits) == ["plain"], hits
+
+
+def test_a_generator_left_unfinished_after_the_block_is_not_taken_for_a_kept_stand_in(reference):
+    """Its frame holds the stand-in it was made by until it finishes (a harness may consume it later)."""
+    with tripwires([reference], []) as hits:
+        unfinished = reference.gen(3)
+        assert next(unfinished) == 0
+    assert names(hits) == ["gen"], hits
+    assert list(unfinished) == [1, 2]
