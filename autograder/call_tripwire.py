@@ -6,8 +6,8 @@ but it runs a Python callback on each call and return of *all* code in the block
 recorded checks (check_StudentBlockPool over its three seeds: 1.0 s with the hook, 0.5 s without).
 
 A trip wire costs nothing until it fires: for the block, every function whose code lives in one of
-the modules' files gets a new `__code__`, a trampoline that notes (module, function name) and calls
-a copy of the original. The function *object* is changed, so every reference to it trips the wire:
+the modules' files gets a new `__code__`, a trampoline that calls its stand-in, which notes (module,
+function name) and calls a copy of the original (out of reach in the stand-in's closure). The function *object* is changed, so every reference to it trips the wire:
 a name imported before (`from course_lib.kv.slots import slot_mapping as sm`), a bound method of an
 instance made earlier, a functools.partial. The wires are laid on
 
@@ -41,13 +41,10 @@ TRAMPOLINE_FILE = "<call_tripwire>"
 _serial = itertools.count()
 _watchers: list[tuple[dict, dict, list]] = []  # open blocks: ({file: module}, {file: module, direct calls}, hits)
 _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # id -> (fn, code, key, users)
-_copies: set[int] = set()  # the originals' stand-ins the trampolines call: never wired themselves
-_prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, (note, copy)); holds fn
+_copies: set[int] = set()  # the originals' copies the stand-ins call: never wired themselves
+_prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, stand-in); holds fn
 _found: dict[frozenset, list] = {}  # files -> the functions of those modules and their classes
 _found_bytecode: dict[frozenset, dict] = {}  # files -> {their functions' bytecode: file}
-_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-_unsure: set[int] = set()  # functions whose block ended by an exception: their stand-ins are counted later
-_baseline: dict[int, tuple[int, int]] = {}  # id(fn) -> its stand-in's references when made (`_references`)
 _module_runs: dict[str, int] = {}  # file -> how many times its module code ran (once: imported)
 _rerun: set[str] = set()  # files whose module code ran more than once: copies of their functions exist
 # Functions made by hand (`types.FunctionType(code, ...)`, from a code object `.replace()`d or `marshal`led):
@@ -56,7 +53,8 @@ _rerun: set[str] = set()  # files whose module code ran more than once: copies o
 _made_files: set[str] = set()
 _made_bytecode: set[bytes] = set()
 MAX_MADE = 10_000
-_making_copy = False  # set while this module makes its own stand-ins (not a student's copies)
+_making_copy = False  # set while this module makes its own copies and sets its wires (not a student's)
+_trampoline_codes: set = set()  # the wires' code (a frame running one is the wire, not its caller)
 _audit_installed = False
 
 
@@ -71,6 +69,11 @@ def _audit(event: str, args) -> None:
             _made_bytecode.add(code.co_code)
         if _watchers and isinstance(path, str):
             _note(path, f"<a copy of {code.co_name}, made>", ran=True)
+        return
+    if (event == "object.__setattr__" and len(args) == 3 and args[1] == "__code__" and not _making_copy
+            and isinstance(args[2], types.CodeType) and len(_made_bytecode) < MAX_MADE):
+        _made_files.add(args[2].co_filename)  # a function given another's code: a copy of it
+        _made_bytecode.add(args[2].co_code)
         return
     if event == "code.__new__" and args and isinstance(args[0], bytes) and len(_made_bytecode) < MAX_MADE:
         _made_bytecode.add(args[0])  # (its file name may be another's: the bytecode is what a copy shares)
@@ -110,7 +113,7 @@ def _trampoline(original: types.CodeType, key: str) -> types.CodeType:
     """The code of a function with `original`'s parameters (names, kinds, order: the function object
     keeps its defaults, which apply to them) and free variables (a function's new `__code__` must keep
     their number), which notes the call and passes every argument on to the original's copy. `key`
-    names the (note, copy) pair in the function's globals, where its code looks names up. It carries
+    names the stand-in (`_stand_in`) in the function's globals, where its code looks names up. It carries
     the original's file, first line and names, so that introspection (inspect.signature, getsource:
     Triton's interpreter reads a kernel's source) sees the original."""
     code = original
@@ -131,15 +134,16 @@ def _trampoline(original: types.CodeType, key: str) -> types.CodeType:
     source = (f"def _outer({', '.join(code.co_freevars)}):\n"
               f"    def _wire({', '.join(params)}):\n"
               f"        if False:\n{touch}"
-              f"        {key}[0]()\n"
-              f"        return {key}[1]({', '.join(passed)})\n"
+              f"        return {key}({', '.join(passed)})\n"
               f"    return _wire\n")
     namespace: dict = {}
     exec(compile(source, TRAMPOLINE_FILE, "exec"), namespace)
     wire = next(c for c in namespace["_outer"].__code__.co_consts if isinstance(c, types.CodeType))
     assert wire.co_freevars == code.co_freevars and wire.co_argcount == code.co_argcount, (wire, code)
-    return wire.replace(co_filename=code.co_filename, co_firstlineno=code.co_firstlineno, co_name=code.co_name,
+    wire = wire.replace(co_filename=code.co_filename, co_firstlineno=code.co_firstlineno, co_name=code.co_name,
                         co_qualname=code.co_qualname)
+    _trampoline_codes.add(wire)
+    return wire
 
 
 def _original_code(fn) -> types.CodeType:
@@ -211,7 +215,8 @@ def _note(path: str, name: str, ran: bool = False) -> None:
 
 def _called_by_the_student() -> bool:
     """Whether the wired function was called by the student's code: the frames are this function, `_note`,
-    the wire's note, the wire itself, then its callers. Frames of code that only passes a call on (the
+    the stand-in, the wire (unless code called the stand-in itself), then its callers. Frames of code that
+    only passes a call on (the
     standard library's `functools`, `unittest.mock`, `map`'s Python callers; any file outside course_lib and
     the autograder) are looked through; the first frame of course_lib's (the engine calling its hooks) or of
     the autograder's (the membrane's proxies, through which the check's callbacks reach the student) says
@@ -219,9 +224,11 @@ def _called_by_the_student() -> bool:
     from .user_code import is_user_file
 
     try:
-        frame = sys._getframe(4)
+        frame = sys._getframe(3)
     except ValueError:
         return False
+    if frame.f_code in _trampoline_codes:
+        frame = frame.f_back
     for _ in range(64):
         if frame is None:
             return False
@@ -239,9 +246,9 @@ _OWN_ROOTS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 def _prepare(fn: types.FunctionType, path: str | None = None) -> tuple:
-    """(fn, its code, trampoline, its globals key, (note, copy of the original)) for `fn`, built once per
-    function: a block lays hundreds of wires (a check calls the student's function once per engine step).
-    `path`: the watched file a hit names (a copy found by its bytecode may name another)."""
+    """(fn, its code, trampoline, its globals key, stand-in) for `fn`, built once per function: a block
+    lays hundreds of wires (a check calls the student's function once per engine step). `path`: the
+    watched file a hit names (a copy found by its bytecode may name another)."""
     global _making_copy
     ready = _prepared.get(id(fn))
     if ready is None:
@@ -255,74 +262,50 @@ def _prepare(fn: types.FunctionType, path: str | None = None) -> tuple:
         _copies.add(id(copy))
         path, name = path or original.co_filename, original.co_name
         key = f"__ag_tripwire_{next(_serial)}"  # a name no module uses, there only while the wire is
-        ready = _prepared[id(fn)] = (fn, original, _trampoline(original, key), key,
-                                     (lambda: _note(path, name), copy))
-        del copy
-        _baseline[id(fn)] = _references(id(fn))
+        ready = _prepared[id(fn)] = (fn, original, _trampoline(original, key), key, _stand_in(path, name, copy))
     return ready
 
 
-def _references(fid: int) -> tuple[int, int]:
-    """How many references a function's stand-in pair and its copy have (counted with no other local
-    holding them, the same way before and after a block): more after a block means code kept one (the
-    pair sits in the watched module's globals while the wire is laid)."""
-    pair = _prepared[fid][4]
-    return sys.getrefcount(pair), sys.getrefcount(pair[1])
+def _stand_in(path: str, name: str, copy: types.FunctionType):
+    """What the wire calls: notes the call, then runs the original's copy. It sits in the watched module's
+    globals while the wire is laid, so code can take it from there; calling it notes all the same (the
+    copy is out of reach, in its closure)."""
+    def stand_in(*args, **kwargs):
+        _note(path, name)
+        return copy(*args, **kwargs)
+
+    return stand_in
 
 
 def _lay(fn: types.FunctionType, path: str | None = None) -> None:
+    global _making_copy
     if id(fn) in _wired:
         fn_, code, key, users = _wired[id(fn)]
         _wired[id(fn)] = (fn_, code, key, users + 1)
         return
     ready = _prepare(fn, path)
     fn.__globals__[ready[3]] = ready[4]
-    fn.__code__ = ready[2]
+    _making_copy = True  # (setting a function's code is an audit event: this one is the wire's)
+    try:
+        fn.__code__ = ready[2]
+    finally:
+        _making_copy = False
     _wired[id(fn)] = (fn, ready[1], ready[3], 1)
 
 
-def _lift(fn: types.FunctionType, count: bool = True) -> str | None:
-    """Take the wire off; the file a hit names when code took the wire's stand-in while it was laid
-    (that stand-in is then wired like any copy, and the function gets a new one). `count`: False when
-    the block ended by an exception (counted at the next block instead)."""
+def _lift(fn: types.FunctionType) -> None:
+    global _making_copy
     fn_, code, key, users = _wired[id(fn)]
     if users > 1:
         _wired[id(fn)] = (fn_, code, key, users - 1)
-        return None
+        return
     del _wired[id(fn)]
-    fn.__code__ = code
+    _making_copy = True
+    try:
+        fn.__code__ = code
+    finally:
+        _making_copy = False
     fn.__globals__.pop(key, None)
-    return _stand_in_taken(id(fn)) if count else None
-
-
-def _stand_in_taken(fid: int) -> str | None:
-    """If code holds `fid`'s stand-in (more references than when it was made): forget it, so that a heap
-    search wires it like any copy, and name its file."""
-    _unsure.discard(fid)
-    if _prepared[fid][1].co_flags & _SUSPENDS:
-        return None  # a generator it made may still run (its frame holds the stand-in): not code keeping it
-    now, before = _references(fid), _baseline[fid]
-    if now[0] <= before[0] and now[1] <= before[1]:
-        return None
-    note, copy = _prepared.pop(fid)[4]
-    del _baseline[fid]
-    _copies.discard(id(copy))
-    _made_files.add(_code_file(copy))
-    return _note_path(note)
-
-
-def _recheck_stand_ins() -> None:
-    """The stand-ins of functions whose block ended by an exception, counted now that it is handled."""
-    for fid in list(_unsure):
-        if fid in _prepared and fid not in _wired:
-            _stand_in_taken(fid)
-        _unsure.discard(fid)
-
-
-def _note_path(note) -> str:
-    """The watched file a stand-in's note names (the `path` its lambda closes over)."""
-    cells = dict(zip(note.__code__.co_freevars, note.__closure__ or ()))
-    return cells["path"].cell_contents if "path" in cells else ""
 
 
 @contextlib.contextmanager
@@ -332,7 +315,6 @@ def tripwires(modules, hits: list, direct_only=()):
     functions (only that function is watched, not the rest of its module). `direct_only`: modules
     whose functions count only when the student's code calls them itself (the checks' own code,
     which the check's harness and the engine call on the student's behalf)."""
-    _recheck_stand_ins()
     names: dict[str, str] = {}  # file -> module name, as a hit names it
     direct = {os.path.abspath(m.__file__): m.__name__ for m in direct_only if getattr(m, "__file__", None)}
     loaded, single = [], []
@@ -378,16 +360,9 @@ def tripwires(modules, hits: list, direct_only=()):
             laid.append(fn)
         _watchers.append(watcher)
         yield hits
-    except BaseException:
-        # The traceback holds the frames that called the stand-ins: their references are not code keeping
-        # one. Counted again when the next block opens (the block failed: its hits change no verdict).
-        _unsure.update(id(fn) for fn in laid)
-        raise
     finally:
         for i in range(len(_watchers) - 1, -1, -1):
             if _watchers[i] is watcher:
                 del _watchers[i]
         for fn in reversed(laid):
-            taken = _lift(fn, count=id(fn) not in _unsure)
-            if taken is not None and len(hits) < MAX_HITS:
-                hits.append((names.get(taken) or direct.get(taken, taken), "<the wire's stand-in, taken>"))
+            _lift(fn)

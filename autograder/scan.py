@@ -65,7 +65,23 @@ def scan_source(source: str) -> list[str]:
         if why:
             findings.append(f"line {tok.start[0]}: {why} (`{tok.line.strip()[:80]}`)")
     findings += _scan_course_lib_assignments(code)
+    findings += _scan_sys_aliases(code)
     return list(dict.fromkeys(findings))
+
+
+def _scan_sys_aliases(code: str) -> list[str]:
+    """`import sys as s` then `s.modules`: `sys.modules` under another name."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    aliases = {a.asname for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names if a.name == "sys" and a.asname}
+    return [f"line {node.lineno}: changes sys.modules (`{ast.unparse(node)[:80]}`)" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name)
+            and node.value.id in aliases]
 
 
 def _scan_course_lib_assignments(code: str) -> list[str]:
@@ -135,58 +151,67 @@ def review_flags(source: str) -> list[str]:
     return list(dict.fromkeys(flags))[:20]
 
 
-def _pieces(node) -> list[str] | None:
-    """The string constants `node` joins (`"a" + "b"`, `"".join(["a", "b"])`), or None."""
+def _folded(node) -> str | None:
+    """The string `node` builds from string constants alone (`"a" + "b"`, `"".join(["a", "b"])`,
+    `"ba"[::-1]`), or None."""
     import ast
 
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
+        return node.value
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _pieces(node.left), _pieces(node.right)
+        left, right = _folded(node.left), _folded(node.right)
         return left + right if left is not None and right is not None else None
+    if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice) and node.slice.lower is None
+            and node.slice.upper is None and isinstance(node.slice.step, ast.UnaryOp)
+            and isinstance(node.slice.step.op, ast.USub) and isinstance(node.slice.step.operand, ast.Constant)
+            and node.slice.step.operand.value == 1):
+        inner = _folded(node.value)
+        return inner[::-1] if inner is not None else None
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
             and isinstance(node.func.value, ast.Constant) and node.func.value.value == ""
             and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple))):
-        parts = [_pieces(e) for e in node.args[0].elts]
-        return [x for part in parts for x in part] if all(part is not None for part in parts) else None
+        parts = [_folded(e) for e in node.args[0].elts]
+        return "".join(parts) if all(part is not None for part in parts) else None
     return None
 
 
+# Where a whole string names what it reaches: an attribute's name, and nothing else. (A dict key or a
+# printed word "modules" is ordinary; `getattr(f, "__code__")` is `f.__code__` written round the scan.)
+_NAME_ARGUMENT = {"getattr": 1, "setattr": 1, "hasattr": 1, "delattr": 1}
+
+
 def _names_built_from_pieces(code: str) -> list[str]:
-    """A name the scan refuses, spelled out of pieces (`"auto" + "grader"`, `"mod" + "ules"`) or written as a
-    string that holds nothing else (`getattr(f, "__code__")`, `sys_modules["autograder.checks"]`): written as
-    a name it would have zeroed the notebook, so a string is a way round the scan worth a look."""
+    """A name the scan refuses, built from strings (`"auto" + "grader"`, `"mod" + "ules"`, `"__edoc__"[::-1]`),
+    given as an attribute's name (`getattr(f, "__code__")`), or a dotted path into the autograder
+    (`mods["autograder.checks.nb07"]`): written as a name it would have zeroed the notebook, so a string is a
+    way round the scan worth a look."""
     import ast
 
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError):
         return []
+    whole = set()  # the string constants that stand where an attribute's name does
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAME_ARGUMENT:
+            position = _NAME_ARGUMENT[node.func.id]
+            if len(node.args) > position:
+                whole.add(id(node.args[position]))
+    inside = {id(child) for node in ast.walk(tree) if not isinstance(node, ast.Constant) and _folded(node) is not None
+              for child in ast.walk(node) if child is not node}
     flags = []
     for node in ast.walk(tree):
-        pieces = _pieces(node)
-        if not pieces or (len(pieces) == 1 and not isinstance(node, ast.Constant)):
+        text = _folded(node)
+        if text is None or id(node) in inside:
+            continue  # (a piece of a larger string is judged with it)
+        built = not isinstance(node, ast.Constant)
+        if not built and not (_DOTTED.fullmatch(text) and (id(node) in whole or text.startswith("autograder."))):
             continue
-        text = "".join(pieces)
-        if len(pieces) == 1 and (not _DOTTED.fullmatch(text) or _inside_pieces(node, tree)):
-            continue  # a whole string: flagged only when it is nothing but a name (`"__code__"`, `"modules"`)
         hit = sorted(w for w in set(text.split(".")) if w in _FORBIDDEN_NAMES or w == "modules")
         if hit:
-            how = "out of pieces of strings" if len(pieces) > 1 else "in a string"
+            how = "out of pieces of strings" if built else "in a string"
             flags.append(f"line {node.lineno}: spells {hit[0]!r} {how} (`{ast.unparse(node)[:80]}`)")
     return flags
 
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-
-
-def _inside_pieces(constant, tree) -> bool:
-    """Whether `constant` is one piece of a joined string (that string is judged as a whole)."""
-    import ast
-
-    for node in ast.walk(tree):
-        if node is not constant and isinstance(node, (ast.BinOp, ast.Call)):
-            pieces = _pieces(node)
-            if pieces and len(pieces) > 1 and any(child is constant for child in ast.walk(node)):
-                return True
-    return False

@@ -146,6 +146,7 @@ def test_scan_source_flags_tampering_but_not_ordinary_code():
         "import autograder.checks.nb03_paged_kv as c\nc.check_x = lambda *a: None": "autograder",
         "import builtins\nbuiltins.AssertionError = Exception": "builtins",
         "import sys\nsys.modules['x'] = None": "sys.modules",
+        "import sys as _s\nm = _s.modules['x']": "sys.modules under another name",
         "import importlib": "importlib",
         "f.__code__ = g.__code__": "__code__",
         "from course_lib.kv.block_pool import BlockPool\nBlockPool.allocate = lambda self, n: []": "course_lib",

@@ -31,6 +31,7 @@ def test_a_counterpart_reached_another_way_is_flagged(code, flag):
     ("m = sys_modules['auto' + 'grader.call_tripwire']\n", "autograder"),
     ("il = ''.join(['import', 'lib'])\n", "importlib"),
     ("x = 'f_' + 'back'\n", "f_back"),
+    ("c = getattr(f, '__edoc__'[::-1])\n", "__code__"),
 ])
 def test_a_refused_name_spelled_out_of_pieces_is_flagged(code, name):
     assert any(f"spells {name!r} out of pieces" in f for f in review_flags(code)), review_flags(code)
@@ -47,7 +48,9 @@ def test_a_refused_name_written_as_a_whole_string_is_flagged(code, name):
 
 def test_ordinary_strings_are_not_flagged():
     code = ("label = 'tokens' + '/s'\nprint('the ' + 'autograder' + ' runs this')\nrow = {'answer': 1}\n"
-            "x = row['answer'] + len('mod' + 'el')\nprint('the autograder checks this')\n")
+            "x = row['answer'] + len('mod' + 'el')\nprint('the autograder checks this')\n"
+            "summary = {'modules': 3, 'builtins': 'none', 'autograder': 'not me'}\nprint('modules', '__code__')\n"
+            "for key in ('modules', 'builtins'):\n    print(summary[key], summary['modules'])\n")
     assert review_flags(code) == []
     table = "row = {}\nrow['kv_bytes_per_token'] = 4\nprint(row['kv_bytes_per_token'], row['answer'])\n"
     assert counterpart_references([(0, table)]) == []
