@@ -20,9 +20,9 @@ then found, each with full marks and no flag:
 - a function made by hand from the code of course_lib's (`types.FunctionType(f.__code__.replace(), {})`,
   course_lib's function picked out of its module without naming it): 0 (an audit hook sees every function
   made by hand; a later block finds such copies on the heap, by file or by bytecode, and wires them);
-- the wire's own stand-in (the copy of the original that the wire calls, in the module's globals while
-  a block is open), kept from the first call and called through `unittest.mock`: 0 (a stand-in that
-  code kept, counted by its references when the block ends, is a hit, and is wired like any copy);
+- the wire's own stand-in (what the wire calls, in the module's globals while a block is open), kept
+  from the first call and called through `unittest.mock`: 0 (the stand-in notes every call itself;
+  the copy of the original it runs is out of reach in its closure);
 - an honest answer followed by a table keyed by the exercise's name (`row["kv_bytes_per_token"] = ...`):
   full marks and no flag (a name looked up by a string is flagged only when what it fetches is called).
 """
