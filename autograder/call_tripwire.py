@@ -7,7 +7,8 @@ recorded checks (check_StudentBlockPool over its three seeds: 1.0 s with the hoo
 
 A trip wire costs nothing until it fires: for the block, every function whose code lives in one of
 the modules' files gets a new `__code__`, a trampoline that calls its stand-in, which notes (module,
-function name) and calls a copy of the original (out of reach in the stand-in's closure). The function *object* is changed, so every reference to it trips the wire:
+function name) and calls a copy of the original (out of reach in the stand-in's closure). The
+function *object* is changed, so every reference to it trips the wire:
 a name imported before (`from course_lib.kv.slots import slot_mapping as sm`), a bound method of an
 instance made earlier, a functools.partial. The wires are laid on
 
@@ -19,12 +20,14 @@ instance made earlier, a functools.partial. The wires are laid on
 
 A function made from those files *during* the block is made by code that already tripped a wire.
 A module's code run a second time (`runpy.run_path` of its file, `importlib.reload`, `exec` of its
-code) makes new function objects no wire was laid on: an audit hook (`sys.addaudithook`, which no
-code can remove) sees every `exec`, notes a watched file's code run inside a block as a call, and
-remembers files whose module code ran twice, whose live functions a later block looks up again
-(the scan then includes the objects `gc.freeze()` hid). Blocks nest (each notes what runs inside
-it). Like the profile hook it replaces, it notes calls in every thread, and is a review aid a
-determined student can undo (restoring `__code__`), not a security boundary.
+code), or a function made by hand from a function's code (`types.FunctionType`, `marshal`, a code
+`.replace()`d or assigned to another function) is a new function object no wire was laid on: an
+audit hook (`sys.addaudithook`, which no code can remove) sees each, notes a watched file's code run
+or copied inside a block as a call, and remembers the files and bytecode copied, whose live
+functions a later block looks up again (the scan then includes the objects `gc.freeze()` hid).
+Blocks nest (each notes what runs inside it). Like the profile hook it replaces, it notes calls in
+every thread, and is a review aid a determined student can undo (restoring `__code__`), not a
+security boundary.
 """
 from __future__ import annotations
 
@@ -46,52 +49,63 @@ _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, st
 _found: dict[frozenset, list] = {}  # files -> the functions of those modules and their classes
 _found_bytecode: dict[frozenset, dict] = {}  # files -> {their functions' bytecode: file}
 _module_runs: dict[str, int] = {}  # file -> how many times its module code ran (once: imported)
-_rerun: set[str] = set()  # files whose module code ran more than once: copies of their functions exist
-# Functions made by hand (`types.FunctionType(code, ...)`, from a code object `.replace()`d or `marshal`led):
+# Copies of functions exist (a module's code run again, a function made by hand or given another's code):
 # the files their code names, and their bytecode (a copy may carry another file name). Bounded: a flood
-# of made functions only makes later blocks search the heap.
-_made_files: set[str] = set()
-_made_bytecode: set[bytes] = set()
-MAX_MADE = 10_000
-_making_copy = False  # set while this module makes its own copies and sets its wires (not a student's)
+# of copies only makes later blocks search the heap.
+_copied_files: set[str] = set()
+_copied_bytecode: set[bytes] = set()
+MAX_COPIED = 10_000
+_own_work = False  # set while this module makes its own copies and sets its wires (not a student's)
 _trampoline_codes: set = set()  # the wires' code (a frame running one is the wire, not its caller)
 _audit_installed = False
 
 
 def _audit(event: str, args) -> None:
     """Every `exec` of a code object (a module's code run again, or a watched file's code run in a block),
-    and every function or code object made by hand (a copy of a watched function)."""
-    if event == "function.__new__" and args and not _making_copy:
+    and every function or code object made by hand, or code given to a function (a copy of another)."""
+    if _own_work or not args:
+        return
+    if event == "function.__new__":
         code = args[0]
-        path = getattr(code, "co_filename", None)
-        if isinstance(path, str) and len(_made_files) < MAX_MADE:
-            _made_files.add(path)
-            _made_bytecode.add(code.co_code)
-        if _watchers and isinstance(path, str):
-            _note(path, f"<a copy of {code.co_name}, made>", ran=True)
+        _copied(code.co_filename, code.co_code)
+        if _watchers:
+            _note(code.co_filename, f"<a copy of {code.co_name}, made>", ran=True)
+    elif (event == "object.__setattr__" and len(args) == 3 and args[1] == "__code__"
+          and isinstance(args[2], types.CodeType)):
+        _copied(args[2].co_filename, args[2].co_code)
+    elif event == "code.__new__" and isinstance(args[0], bytes):
+        _copied(None, args[0])  # (its file name may be another's: the bytecode is what a copy shares)
+    elif event == "exec" and isinstance(args[0], types.CodeType) and not args[0].co_filename.startswith("<"):
+        code, path = args[0], args[0].co_filename
+        if code.co_name == "<module>":
+            runs = _module_runs[path] = _module_runs.get(path, 0) + 1
+            if runs > 1:
+                _copied(path, None)
+            if runs > 1 or _watchers:
+                _note(path, "<its module code, run again>", ran=True)
+        elif _watchers:
+            _note(path, code.co_name, ran=True)
+
+
+def _copied(path: str | None, bytecode: bytes | None) -> None:
+    """Remember that copies of `path`'s functions, or of functions with this `bytecode`, may exist."""
+    if len(_copied_files) + len(_copied_bytecode) >= MAX_COPIED:
         return
-    if (event == "object.__setattr__" and len(args) == 3 and args[1] == "__code__" and not _making_copy
-            and isinstance(args[2], types.CodeType) and len(_made_bytecode) < MAX_MADE):
-        _made_files.add(args[2].co_filename)  # a function given another's code: a copy of it
-        _made_bytecode.add(args[2].co_code)
-        return
-    if event == "code.__new__" and args and isinstance(args[0], bytes) and len(_made_bytecode) < MAX_MADE:
-        _made_bytecode.add(args[0])  # (its file name may be another's: the bytecode is what a copy shares)
-        return
-    if event != "exec" or not args:
-        return
-    code = args[0]
-    path = getattr(code, "co_filename", None)
-    if not isinstance(path, str) or path.startswith("<"):
-        return
-    if code.co_name == "<module>":
-        runs = _module_runs[path] = _module_runs.get(path, 0) + 1
-        if runs > 1:
-            _rerun.add(path)
-        if runs > 1 or _watchers:
-            _note(path, "<its module code, run again>", ran=True)
-    elif _watchers:
-        _note(path, code.co_name, ran=True)
+    if path is not None:
+        _copied_files.add(path)
+    if bytecode is not None:
+        _copied_bytecode.add(bytecode)
+
+
+@contextlib.contextmanager
+def _ours():
+    """Around this module's own copies and wires: the audit events they raise are not a student's."""
+    global _own_work
+    _own_work = True
+    try:
+        yield
+    finally:
+        _own_work = False
 
 
 def watch_module_runs() -> None:
@@ -112,8 +126,9 @@ def watch_module_runs() -> None:
 def _trampoline(original: types.CodeType, key: str) -> types.CodeType:
     """The code of a function with `original`'s parameters (names, kinds, order: the function object
     keeps its defaults, which apply to them) and free variables (a function's new `__code__` must keep
-    their number), which notes the call and passes every argument on to the original's copy. `key`
-    names the stand-in (`_stand_in`) in the function's globals, where its code looks names up. It carries
+    their number), which passes every argument on to its stand-in (`_stand_in`: it notes the call and runs
+    the original's copy). `key` names the stand-in in the function's globals, where its code looks names
+    up. It carries
     the original's file, first line and names, so that introspection (inspect.signature, getsource:
     Triton's interpreter reads a kernel's source) sees the original."""
     code = original
@@ -216,9 +231,8 @@ def _note(path: str, name: str, ran: bool = False) -> None:
 def _called_by_the_student() -> bool:
     """Whether the wired function was called by the student's code: the frames are this function, `_note`,
     the stand-in, the wire (unless code called the stand-in itself), then its callers. Frames of code that
-    only passes a call on (the
-    standard library's `functools`, `unittest.mock`, `map`'s Python callers; any file outside course_lib and
-    the autograder) are looked through; the first frame of course_lib's (the engine calling its hooks) or of
+    only passes a call on (the standard library's `functools`, `unittest.mock`; any file outside course_lib
+    and the autograder) are looked through; the first frame of course_lib's (the engine calling its hooks) or of
     the autograder's (the membrane's proxies, through which the check's callbacks reach the student) says
     it was not the student's own call."""
     from .user_code import is_user_file
@@ -249,15 +263,11 @@ def _prepare(fn: types.FunctionType, path: str | None = None) -> tuple:
     """(fn, its code, trampoline, its globals key, stand-in) for `fn`, built once per function: a block
     lays hundreds of wires (a check calls the student's function once per engine step). `path`: the
     watched file a hit names (a copy found by its bytecode may name another)."""
-    global _making_copy
     ready = _prepared.get(id(fn))
     if ready is None:
         original = fn.__code__
-        _making_copy = True
-        try:
+        with _ours():
             copy = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        finally:
-            _making_copy = False
         copy.__kwdefaults__ = fn.__kwdefaults__
         _copies.add(id(copy))
         path, name = path or original.co_filename, original.co_name
@@ -278,33 +288,25 @@ def _stand_in(path: str, name: str, copy: types.FunctionType):
 
 
 def _lay(fn: types.FunctionType, path: str | None = None) -> None:
-    global _making_copy
     if id(fn) in _wired:
         fn_, code, key, users = _wired[id(fn)]
         _wired[id(fn)] = (fn_, code, key, users + 1)
         return
     ready = _prepare(fn, path)
     fn.__globals__[ready[3]] = ready[4]
-    _making_copy = True  # (setting a function's code is an audit event: this one is the wire's)
-    try:
+    with _ours():
         fn.__code__ = ready[2]
-    finally:
-        _making_copy = False
     _wired[id(fn)] = (fn, ready[1], ready[3], 1)
 
 
 def _lift(fn: types.FunctionType) -> None:
-    global _making_copy
     fn_, code, key, users = _wired[id(fn)]
     if users > 1:
         _wired[id(fn)] = (fn_, code, key, users - 1)
         return
     del _wired[id(fn)]
-    _making_copy = True
-    try:
+    with _ours():
         fn.__code__ = code
-    finally:
-        _making_copy = False
     fn.__globals__.pop(key, None)
 
 
@@ -338,7 +340,7 @@ def tripwires(modules, hits: list, direct_only=()):
         _found_bytecode[files] = {_original_code(fn).co_code: _code_file(fn) for fn in functions}
     functions = [(fn, None) for fn in _found[files]] + [(fn, None) for fn in single if _code_file(fn) not in files]
     bytecode = _found_bytecode[files]
-    if files & (_rerun | _made_files) or not _made_bytecode.isdisjoint(bytecode):
+    if files & _copied_files or not _copied_bytecode.isdisjoint(bytecode):
         # Copies of these modules' functions were made since (a module run again, a function made by hand
         # from their code): find them, frozen ones too, by file or by bytecode, and wire them as well.
         known = {id(fn) for fn, _ in functions}
