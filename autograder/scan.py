@@ -2,6 +2,7 @@
 system, frames: `scan_source`) and what an instructor may want to look at, at no cost (`review_flags`)."""
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -64,19 +65,23 @@ def scan_source(source: str) -> list[str]:
             why = "changes sys.modules"
         if why:
             findings.append(f"line {tok.start[0]}: {why} (`{tok.line.strip()[:80]}`)")
-    findings += _scan_course_lib_assignments(code)
-    findings += _scan_sys_aliases(code)
+    tree = _parsed(code)
+    if tree is not None:
+        findings += _scan_course_lib_assignments(tree)
+        findings += _scan_sys_aliases(tree)
     return list(dict.fromkeys(findings))
 
 
-def _scan_sys_aliases(code: str) -> list[str]:
-    """`import sys as s` then `s.modules`: `sys.modules` under another name."""
-    import ast
-
+def _parsed(code: str):
+    """The cell's syntax tree, or None where Python cannot read it (the tokens' scan judges those)."""
     try:
-        tree = ast.parse(code)
+        return ast.parse(code)
     except (SyntaxError, ValueError, RecursionError):
-        return []
+        return None
+
+
+def _scan_sys_aliases(tree) -> list[str]:
+    """`import sys as s` then `s.modules`: `sys.modules` under another name."""
     aliases = {a.asname for node in ast.walk(tree) if isinstance(node, ast.Import)
                for a in node.names if a.name == "sys" and a.asname}
     return [f"line {node.lineno}: changes sys.modules (`{ast.unparse(node)[:80]}`)" for node in ast.walk(tree)
@@ -84,14 +89,8 @@ def _scan_sys_aliases(code: str) -> list[str]:
             and node.value.id in aliases]
 
 
-def _scan_course_lib_assignments(code: str) -> list[str]:
+def _scan_course_lib_assignments(tree) -> list[str]:
     """`BlockPool.allocate = ...`, `setattr(course_lib.x, ...)`: patching the course's own code."""
-    import ast
-
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return []
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -147,15 +146,15 @@ def review_flags(source: str) -> list[str]:
             flags.append(f"line {tok.start[0]}: identifier {tok.string!r} is written with look-alike characters")
         if name in _REVIEW_NAMES:
             flags.append(f"line {tok.start[0]}: {_REVIEW_NAMES[name]} (`{tok.line.strip()[:80]}`)")
-    flags += _names_built_from_pieces(code)
+    tree = _parsed(code)
+    if tree is not None:
+        flags += _refused_names_in_strings(tree)
     return list(dict.fromkeys(flags))[:20]
 
 
 def _folded(node) -> str | None:
     """The string `node` builds from string constants alone (`"a" + "b"`, `"".join(["a", "b"])`,
     `"ba"[::-1]`), or None."""
-    import ast
-
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
@@ -175,33 +174,27 @@ def _folded(node) -> str | None:
     return None
 
 
-# Where a whole string names what it reaches: an attribute's name, and nothing else. (A dict key or a
-# printed word "modules" is ordinary; `getattr(f, "__code__")` is `f.__code__` written round the scan.)
-_NAME_ARGUMENT = {"getattr": 1, "setattr": 1, "hasattr": 1, "delattr": 1}
+# Where a whole string names what it reaches: an attribute's name (their second argument), and nothing
+# else. (A dict key or a printed word "modules" is ordinary; `getattr(f, "__code__")` is `f.__code__`
+# written round the scan.)
+_TAKES_A_NAME = {"getattr", "setattr", "hasattr", "delattr"}
 
 
-def _names_built_from_pieces(code: str) -> list[str]:
+def _refused_names_in_strings(tree) -> list[str]:
     """A name the scan refuses, built from strings (`"auto" + "grader"`, `"mod" + "ules"`, `"__edoc__"[::-1]`),
     given as an attribute's name (`getattr(f, "__code__")`), or a dotted path into the autograder
     (`mods["autograder.checks.nb07"]`): written as a name it would have zeroed the notebook, so a string is a
     way round the scan worth a look."""
-    import ast
-
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError):
-        return []
-    whole = set()  # the string constants that stand where an attribute's name does
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAME_ARGUMENT:
-            position = _NAME_ARGUMENT[node.func.id]
-            if len(node.args) > position:
-                whole.add(id(node.args[position]))
-    inside = {id(child) for node in ast.walk(tree) if not isinstance(node, ast.Constant) and _folded(node) is not None
+    nodes = list(ast.walk(tree))
+    texts = {id(node): _folded(node) for node in nodes}
+    whole = {id(node.args[1]) for node in nodes  # the string constants that stand where an attribute's name does
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _TAKES_A_NAME
+             and len(node.args) > 1}
+    inside = {id(child) for node in nodes if texts[id(node)] is not None and not isinstance(node, ast.Constant)
               for child in ast.walk(node) if child is not node}
     flags = []
-    for node in ast.walk(tree):
-        text = _folded(node)
+    for node in nodes:
+        text = texts[id(node)]
         if text is None or id(node) in inside:
             continue  # (a piece of a larger string is judged with it)
         built = not isinstance(node, ast.Constant)
