@@ -74,12 +74,13 @@ def _watch_calls(modules, hits, direct_only=()):
 def _own_check_modules(name: str) -> list:
     """The loaded modules of exercise `name`'s check package: the check's own computation of the answer
     is there, a right answer the student's code could call (reached through `sys.modules`)."""
-    from .exercises import EXERCISES
+    from .exercises import BY_ADAPTER
 
-    module = next((e.module for e in EXERCISES if e.adapter == name), None)
-    package = f"autograder.checks.{module}" if module else None
+    if name not in BY_ADAPTER:
+        return []
+    package = f"autograder.checks.{BY_ADAPTER[name].module}"
     return [mod for key, mod in list(sys.modules.items())
-            if package and mod is not None and (key == package or key.startswith(package + "."))]
+            if mod is not None and (key == package or key.startswith(package + "."))]
 
 
 @contextlib.contextmanager

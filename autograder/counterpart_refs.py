@@ -5,9 +5,9 @@ The recorder's evidence of a call into the counterpart (`thread_reference_calls`
 student's kernel, so a student can erase it from the record; what their cells import cannot be
 erased. A cell that imports the counterpart function or class itself (`from course_lib.x import
 kv_bytes_per_token`, or `import course_lib.x as m` / `from course_lib import x as m` and then
-`m.kv_bytes_per_token`), or calls a function it looks up by a counterpart's name (`namespace["kv_bytes_per_token"](...)`,
-`getattr(m, "kv_bytes_per_token")(...)`), is flagged for review: a flag costs nothing by itself, and
-handing in the counterpart is refused by the checks.
+`m.kv_bytes_per_token`), or calls a function it looks up by a counterpart's name
+(`namespace["kv_bytes_per_token"](...)`, `getattr(m, "kv_bytes_per_token")(...)`), is flagged for
+review: a flag costs nothing by itself, and handing in the counterpart is refused by the checks.
 """
 from __future__ import annotations
 
@@ -61,14 +61,12 @@ def counterpart_references(cells: list[tuple[int, str]], given: str = "") -> lis
             if (isinstance(node, (ast.Import, ast.ImportFrom)) and given
                     and (ast.get_source_segment(source, node) or "") in given):
                 continue
-            if isinstance(node, ast.ImportFrom) and node.module in table:
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
-                    if alias.name in table[node.module]:
+                    if alias.name in table.get(node.module, ()):
                         found.append(f"cell {index}: imports {node.module}.{alias.name}, the course_lib piece an "
                                      "exercise asks you to build")
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:  # `from course_lib.model import kv_footprint as k`: the module, whole
-                    if f"{node.module}.{alias.name}" in table:
+                    elif f"{node.module}.{alias.name}" in table:  # `from course_lib.model import kv_footprint as k`
                         aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
             elif isinstance(node, ast.Import):
                 for alias in node.names:

@@ -1,5 +1,6 @@
 """One package per notebook; in each, `check_<adapter>(impl, seed=0)` for every exercise of
-docs/exercises.md, in a file of its own (`_shared.py` holds what the notebook's checks share). `CHECKS` maps exercise (adapter) name -> (module name, check name)."""
+docs/exercises.md, in a file of its own (`_shared.py` holds what the notebook's checks share).
+`CHECKS` maps an exercise (adapter) name to its notebook's module name."""
 from autograder.exercises import EXERCISES
 from autograder.notebooks import MODULES  # noqa: F401  (one module per notebook)
 
