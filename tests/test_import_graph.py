@@ -86,6 +86,12 @@ def test_every_module_imports(name):
     importlib.import_module(name)
 
 
+def _expect_each_reloaded_after_what_it_imports(order: list[str]) -> None:
+    for position, name in enumerate(order):
+        late = sorted(d for d in _imported(name, MODULES[name]) if d in order and order.index(d) > position)
+        assert not late, f"{name} is reloaded before {late}, which it imports"
+
+
 def test_the_guard_reloads_each_check_helper_before_the_modules_that_import_it():
     """The grader's guard reloads the checks' modules from disk before every graded cell, in
     `autograder.integrity._RELOAD_FIRST`'s order. `_checking` re-exports its helper modules' names, so a
@@ -93,9 +99,7 @@ def test_the_guard_reloads_each_check_helper_before_the_modules_that_import_it()
     from autograder.integrity import _RELOAD_FIRST
 
     order = list(_RELOAD_FIRST)
-    for position, name in enumerate(order):
-        late = sorted(d for d in _imported(name, MODULES[name]) if d in order and order.index(d) > position)
-        assert not late, f"{name} is reloaded before {late}, which it imports"
+    _expect_each_reloaded_after_what_it_imports(order)
     checking = ast.parse(MODULES["autograder._checking"].read_text(encoding="utf-8"))
     sources = {f"autograder.{node.module}" for node in checking.body
                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
@@ -112,9 +116,7 @@ def test_the_guard_reloads_each_check_file_before_the_files_and_package_that_imp
     checks = [n for n in MODULES if n.startswith("autograder.checks.")]
     order = check_reload_order(checks)
     assert sorted(order) == sorted(checks)
-    for position, name in enumerate(order):
-        late = sorted(d for d in _imported(name, MODULES[name]) if d in order and order.index(d) > position)
-        assert not late, f"{name} is reloaded before {late}, which it imports"
+    _expect_each_reloaded_after_what_it_imports(order)
 
 
 def test_the_check_reload_order_puts_a_package_after_its_files():

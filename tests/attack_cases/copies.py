@@ -106,39 +106,35 @@ print(row["kv_bytes_per_token"])
 '''
 
 
-def _full_marks_and_no_flag(graded):
-    entry = graded.by["rt7_honest_table"]
-    assert entry["score"] == MAX and not entry["flags"] and not entry["copies"], (entry["score"], entry["flags"])
+def _answer(student: str, code: str, expect) -> AttackCase:
+    """00's trimmed notebook with `code` in the answer cell, graded as `student`; `expect(entry)` judges
+    its entry of the batch."""
+    return AttackCase(student, lambda b: [b.write(student, b.attack(code))], lambda graded: expect(graded.by[student]))
 
 
-def _refused(student, *flags):
-    def expect(graded):
-        entry = graded.by[student]
+def _refused(*flags):
+    def expect(entry):
         assert entry["max_score"] == MAX and entry["score"] == 0, (entry["score"], entry["cells"])
         for flag in flags:
             assert any(flag in f for f in entry["flags"]), (flag, entry["flags"])
     return expect
 
 
-def _flagged_for_review(graded):
-    entry = graded.by["rt6_wires_undone"]
+def _flagged_for_review(entry):
     for flag in ("uses course_lib.model.kv_footprint.kv_bytes_per_token", "spells 'autograder' out of pieces"):
         assert any(flag in f for f in entry["flags"]), (flag, entry["flags"])
 
 
+def _full_marks_and_no_flag(entry):
+    assert entry["score"] == MAX and not entry["flags"] and not entry["copies"], (entry["score"], entry["flags"])
+
+
 CASES = [
-    AttackCase("rt6_runpy_copy", lambda b: [b.write("rt6_runpy_copy", b.attack(_RUNPY_COPY))],
-               _refused("rt6_runpy_copy", "looks up 'kv_bytes_per_token' by its name")),
-    AttackCase("rt6_reload_in_the_answer", lambda b: [b.write("rt6_reload_in_the_answer", b.attack(_RELOAD_IN_THE_ANSWER))],
-               _refused("rt6_reload_in_the_answer", "spells 'importlib' out of pieces")),
-    AttackCase("rt6_another_module", lambda b: [b.write("rt6_another_module", b.attack(_ANOTHER_MODULE))],
-               _refused("rt6_another_module")),
-    AttackCase("rt6_wires_undone", lambda b: [b.write("rt6_wires_undone", b.attack(_WIRES_UNDONE))],
-               _flagged_for_review),
-    AttackCase("rt7_made_by_hand", lambda b: [b.write("rt7_made_by_hand", b.attack(_MADE_BY_HAND))],
-               _refused("rt7_made_by_hand", "spells '__code__' in a string")),
-    AttackCase("rt7_stand_in_kept", lambda b: [b.write("rt7_stand_in_kept", b.attack(_STAND_IN_KEPT))],
-               _refused("rt7_stand_in_kept")),
-    AttackCase("rt7_honest_table", lambda b: [b.write("rt7_honest_table", b.attack(_HONEST_TABLE))],
-               _full_marks_and_no_flag),
+    _answer("rt6_runpy_copy", _RUNPY_COPY, _refused("looks up 'kv_bytes_per_token' by its name")),
+    _answer("rt6_reload_in_the_answer", _RELOAD_IN_THE_ANSWER, _refused("spells 'importlib' out of pieces")),
+    _answer("rt6_another_module", _ANOTHER_MODULE, _refused()),
+    _answer("rt6_wires_undone", _WIRES_UNDONE, _flagged_for_review),
+    _answer("rt7_made_by_hand", _MADE_BY_HAND, _refused("spells '__code__' in a string")),
+    _answer("rt7_stand_in_kept", _STAND_IN_KEPT, _refused()),
+    _answer("rt7_honest_table", _HONEST_TABLE, _full_marks_and_no_flag),
 ]
