@@ -19,7 +19,7 @@ _EXPORTS = {
     "SamplingParams": "course_lib.scheduler.sampling",
     "EngineConfig": "course_lib.engine_config",
     "LLMEngine": "course_lib.engine",
-    "RequestOutput": "course_lib.engine",
+    "RequestOutput": "course_lib.request_output",
 }
 
 __all__ = sorted(_EXPORTS)
