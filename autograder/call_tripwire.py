@@ -25,6 +25,9 @@ code), or a function made by hand from a function's code (`types.FunctionType`, 
 audit hook (`sys.addaudithook`, which no code can remove) sees each, notes a watched file's code run
 or copied inside a block as a call, and remembers the files and bytecode copied, whose live
 functions a later block looks up again (the scan then includes the objects `gc.freeze()` hid).
+A block may spare some of the modules' functions (`allowed`: helpers the notebook hands the student,
+which compute no part of the answer): no wire is laid on them, and a wire another block laid on one
+notes nothing for this block. Copies of them are not spared (a copy is another function object).
 Blocks nest (each notes what runs inside it). Like the profile hook it replaces, it notes calls in
 every thread, and is a review aid a determined student can undo (restoring `__code__`), not a
 security boundary.
@@ -42,7 +45,8 @@ import types
 MAX_HITS = 1000
 TRAMPOLINE_FILE = "<call_tripwire>"
 _serial = itertools.count()
-_watchers: list[tuple[dict, dict, list]] = []  # open blocks: ({file: module}, {file: module, direct calls}, hits)
+# open blocks: ({file: module}, {file: module, direct calls}, hits, {id: function} of the spared functions)
+_watchers: list[tuple[dict, dict, list, dict]] = []
 _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # id -> (fn, code, key, users)
 _copies: set[int] = set()  # the originals' copies the stand-ins call: never wired themselves
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, stand-in); holds fn
@@ -217,10 +221,11 @@ def _live_functions(files: frozenset, include_frozen: bool = False,
             gc.freeze()
 
 
-def _note(path: str, name: str, ran: bool = False) -> None:
-    """A call of `path`'s function `name` (`ran`: its code was run by `exec`, not called through a wire)."""
-    for names, direct, hits in _watchers:
-        if len(hits) >= MAX_HITS:
+def _note(path: str, name: str, ran: bool = False, fn_id: int | None = None) -> None:
+    """A call of `path`'s function `name` (`ran`: its code was run by `exec`, not called through a wire;
+    `fn_id`: the id of the wired function, which a block may spare)."""
+    for names, direct, hits, spared in _watchers:
+        if len(hits) >= MAX_HITS or fn_id in spared:
             continue
         if path in names:
             hits.append((names[path], name))
@@ -272,16 +277,17 @@ def _prepare(fn: types.FunctionType, path: str | None = None) -> tuple:
         _copies.add(id(copy))
         path, name = path or original.co_filename, original.co_name
         key = f"__ag_tripwire_{next(_serial)}"  # a name no module uses, there only while the wire is
-        ready = _prepared[id(fn)] = (fn, original, _trampoline(original, key), key, _stand_in(path, name, copy))
+        ready = _prepared[id(fn)] = (fn, original, _trampoline(original, key), key,
+                                     _stand_in(path, name, copy, id(fn)))
     return ready
 
 
-def _stand_in(path: str, name: str, copy: types.FunctionType):
+def _stand_in(path: str, name: str, copy: types.FunctionType, fn_id: int):
     """What the wire calls: notes the call, then runs the original's copy. It sits in the watched module's
     globals while the wire is laid, so code can take it from there; calling it notes all the same (the
-    copy is out of reach, in its closure)."""
+    copy is out of reach, in its closure). `fn_id`: the wired function's id (a block may spare it)."""
     def stand_in(*args, **kwargs):
-        _note(path, name)
+        _note(path, name, fn_id=fn_id)
         return copy(*args, **kwargs)
 
     return stand_in
@@ -310,13 +316,37 @@ def _lift(fn: types.FunctionType) -> None:
     fn.__globals__.pop(key, None)
 
 
+def _spared(allowed) -> dict:
+    """{id: function} of `allowed`: functions, static and class methods, properties (their accessors)
+    and classes (every function defined in them)."""
+    found: dict = {}
+
+    def add(obj, depth: int = 0) -> None:
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, property):
+            for accessor in (obj.fget, obj.fset, obj.fdel):
+                if accessor is not None:
+                    add(accessor)
+        elif isinstance(obj, type) and depth < 8:
+            for value in list(vars(obj).values()):
+                add(value, depth + 1)
+        elif isinstance(obj, types.FunctionType):
+            found[id(obj)] = obj
+
+    for obj in allowed:
+        add(obj)
+    return found
+
+
 @contextlib.contextmanager
-def tripwires(modules, hits: list, direct_only=()):
+def tripwires(modules, hits: list, direct_only=(), allowed=()):
     """Append (module name, function name) to `hits` (at most MAX_HITS) for every call, in the
     block, of a function whose code lives in one of `modules`: modules, file paths, or single
     functions (only that function is watched, not the rest of its module). `direct_only`: modules
     whose functions count only when the student's code calls them itself (the checks' own code,
-    which the check's harness and the engine call on the student's behalf)."""
+    which the check's harness and the engine call on the student's behalf). `allowed`: functions
+    (or classes, properties) of those modules that the block spares: helpers a student may call."""
     names: dict[str, str] = {}  # file -> module name, as a hit names it
     direct = {os.path.abspath(m.__file__): m.__name__ for m in direct_only if getattr(m, "__file__", None)}
     loaded, single = [], []
@@ -353,7 +383,9 @@ def tripwires(modules, hits: list, direct_only=()):
     # (module contents only: no heap scan, which a block per engine step could not afford).
     direct_files = frozenset(direct)
     functions += [(fn, None) for m in direct_only for fn in _functions_of(m, direct_files)]
-    watcher = (names, direct, hits)
+    spared = _spared(allowed)
+    functions = [(fn, path) for fn, path in functions if id(fn) not in spared]
+    watcher = (names, direct, hits, spared)
     laid = []
     watch_module_runs()
     try:

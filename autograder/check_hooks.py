@@ -48,26 +48,26 @@ def _fill_counter(target, recorded):
 
 
 @contextlib.contextmanager
-def watch_calls(modules, direct_only=()):
+def watch_calls(modules, direct_only=(), allowed=()):
     """Record (module name, function name) of every call into code from `modules` in the block (modules,
     or single functions: autograder.call_tripwire), and of calls the student's code makes itself into
-    `direct_only`'s."""
+    `direct_only`'s; `allowed`: functions (or classes) of `modules` left unwatched."""
     m = active_membrane()
     if m is not None and m.mode == "replay":
         with _hooked("watch", [], _fill_list) as hits:
             yield hits
         return
-    with _hooked("watch", [], _fill_list) as hits, _watch_calls(modules, hits, direct_only):
+    with _hooked("watch", [], _fill_list) as hits, _watch_calls(modules, hits, direct_only, allowed):
         yield hits
 
 
 @contextlib.contextmanager
-def _watch_calls(modules, hits, direct_only=()):
+def _watch_calls(modules, hits, direct_only=(), allowed=()):
     # Trip wires in the modules' functions, not a profile hook: a hook runs a Python callback on every
     # call and return of all the block's code and doubled the recorded checks (autograder.call_tripwire).
     from .call_tripwire import tripwires
 
-    with tripwires(modules, hits, direct_only):
+    with tripwires(modules, hits, direct_only, allowed):
         yield hits
 
 
@@ -84,9 +84,11 @@ def _own_check_modules(name: str) -> list:
 
 
 @contextlib.contextmanager
-def forbid_calls(name: str, modules, enabled: bool = True):
+def forbid_calls(name: str, modules, enabled: bool = True, allowed=()):
     """Fail if code from `modules` (the reference of this exercise) runs inside the block: it
-    catches a student function that merely calls the reference, however it was imported."""
+    catches a student function that merely calls the reference, however it was imported. `allowed`:
+    functions (or classes) of `modules` the student may call, helpers the notebook hands them that
+    compute no part of this exercise's answer (docs/grading.md)."""
     if not enabled:
         yield
         return
@@ -97,7 +99,7 @@ def forbid_calls(name: str, modules, enabled: bool = True):
     membrane = active_membrane()
     own = _own_check_modules(name) if membrane is not None and membrane.mode == "record" else []
     try:
-        with watch_calls(modules, own) as hits:
+        with watch_calls(modules, own, allowed) as hits:
             yield
     finally:
         # Read once the watch has closed: replaying a record, that is when the calls are filled in from it

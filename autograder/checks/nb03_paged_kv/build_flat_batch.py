@@ -38,6 +38,14 @@ def _flat_batch_modules():
     return [runner_batch, slots, page_table, ScheduledRequest.slots]
 
 
+def _flat_batch_helpers() -> tuple:
+    """What the builder may use of those modules: `FlatBatch`, the class its answer must be (the notebook
+    imports it), `num_tokens` included; it computes none of the rows."""
+    from course_lib.runner_batch import FlatBatch
+
+    return (FlatBatch,)
+
+
 def _entry(rid, start, n, page_ids, rng=None, tokens=None, vocab=61):
     from course_lib.scheduler.output import ScheduledRequest
 
@@ -196,7 +204,7 @@ def _call_builder(impl, shown, given, page_size, device, pad_slot, allow_referen
         return call(shown, impl, given, page_size, device, pad_slot)
     hits = []
     try:
-        with watch_calls(_flat_batch_modules()) as hits:
+        with watch_calls(_flat_batch_modules(), allowed=_flat_batch_helpers()) as hits:
             return call(shown, impl, given, page_size, device, pad_slot)
     finally:  # read once the watch has closed: on the grader's replay that is when the record fills it in
         used = [f"{m}.{f}" for m, f in hits]
