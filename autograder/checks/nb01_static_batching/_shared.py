@@ -7,7 +7,7 @@ import random
 import sys
 
 from autograder import fixtures
-from autograder._checking import (broke, call, difference, expect, forbid_calls, is_tensor, kind_of, plain_int,
+from autograder._checking import (broke, call, expect, expect_unchanged, forbid_calls, is_tensor, kind_of, plain_int,
                                   pristine, show)
 
 
@@ -37,18 +37,6 @@ def _expect_value_error(shown: str, fn, *args, why: str) -> None:
     except Exception as exc:  # noqa: BLE001
         broke("bad input", f"{shown} raised {type(exc).__name__}: {exc}; expected a ValueError ({why})")
     broke("bad input", f"{shown} returned {got!r:.120}; expected a ValueError ({why})")
-
-
-def _expect_unchanged(shown: str, what: str, handed, kept) -> None:
-    """The rule "inputs unchanged": what the student's code was handed still equals the check's own
-    copy of it (the expected answer always comes from that copy)."""
-    found = difference(handed, kept, f"`{what}`")
-    if found:
-        found = found.replace(" expected ", " it was ", 1)
-        broke("inputs unchanged", f"{shown} changed the check's input `{what}` ({found}): "
-                                  "your code must leave what it is given as it was (compute on a copy); the check's "
-                                  f"expected answer comes from its own copy of `{what}`, never from what your code "
-                                  "hands back")
 
 
 def _pick(rng, tokens):
@@ -188,7 +176,7 @@ def _run_static(name, impl, model, label, prompts, max_tokens, eos, allow_refere
         got = call(shown, impl, model, given, max_tokens, eos)
     expect(not forged, f"{shown} called the check's counter of forward passes (a hook on the model's embedding) "
                        "itself: run the model, the check counts its passes")
-    _expect_unchanged(shown, "prompts", given, prompts)
+    expect_unchanged(shown, "prompts", given, prompts, rule="inputs unchanged")
     expect(type(got) in (list, tuple) and len(got) == len(prompts),
            lambda: f"{shown} must return one list of token ids per prompt ({len(prompts)}), got {kind_of(got)}"
                    + (f" of length {len(got)}" if type(got) in (list, tuple) else ""), rule="greedy, row by row")

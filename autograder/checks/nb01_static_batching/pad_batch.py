@@ -5,9 +5,10 @@ import random
 
 import torch
 
-from autograder._checking import broke, call, check, expect, forbid_calls, is_tensor, kind_of, pristine
+from autograder._checking import (broke, call, check, expect, expect_unchanged, forbid_calls, is_tensor, kind_of,
+                                  pristine)
 
-from ._shared import _course_lib_batching, _expect_unchanged, _expect_value_error
+from ._shared import _course_lib_batching, _expect_value_error
 
 
 def _padded(prompts, pad_id, left=True):
@@ -43,7 +44,7 @@ def check_pad_batch(impl, seed, allow_reference):
         shown = f"pad_batch({prompts}, pad_id={pad_id})"
         with forbid_calls("pad_batch", [_course_lib_batching()], enabled=not allow_reference):
             result = call(shown, impl, given, pad_id)
-        _expect_unchanged(shown, "prompts", given, prompts)
+        expect_unchanged(shown, "prompts", given, prompts, rule="inputs unchanged")
         expect(type(result) is tuple and len(result) == 2,
                lambda: f"{shown} must return a tuple (ids, mask), got {kind_of(result)}", rule="shapes and dtypes")
         ids, mask = result

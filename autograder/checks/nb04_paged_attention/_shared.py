@@ -193,7 +193,7 @@ def _compare(name, label, impl, case, tol, watch_table=False):
     # Bit for bit, NaN and inf included: writing over the garbage of unowned slots (nan_to_num_ on the
     # cache) would defuse the trap this check sets for unmasked values.
     for handed, kept, what in zip(given, (q, k, v, bt, lens), ("q", "k_cache", "v_cache", "block_tables", "seq_lens")):
-        expect_unchanged(f"{shown}: the function", what, handed, kept)
+        expect_unchanged(f"{shown}: the function", what, handed, kept, rule="shape and dtype")
     expect(is_tensor(got), lambda: f"{shown}: must return a tensor, got {kind_of(got)}", rule="shape and dtype")
     expect(tuple(got.shape) == tuple(q.shape), f"{shown}: output shape must be {list(q.shape)} "
                                                 f"[num_seqs, num_heads, head_dim], got {list(got.shape)}",

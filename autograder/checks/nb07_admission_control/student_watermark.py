@@ -81,7 +81,7 @@ class _Judge:
         got = call("can_admit(...)", self.policy.can_admit, request, num_new_tokens, cached_pages, kv, running)
         shown = f"StudentWatermark({self.watermark}).can_admit inside the engine"
         for what, handed, mine in zip(("request", "kv", "running"), (request, kv, list(running)), kept):
-            expect_unchanged(shown, what, handed, mine)
+            expect_unchanged(shown, what, handed, mine, rule="only decides")
         self.calls += 1
         expect(type(got) is bool or (type(got) is int and got in (0, 1)),
                lambda: f"{shown} must return a bool, got {kind_of(got)} {show(got)}", rule="count every page")
@@ -124,8 +124,8 @@ def check_StudentWatermark(impl, seed, allow_reference):
                    lambda: f"{name}.can_admit must return a bool, got {kind_of(got)} {show(got)}", rule="count every page")
             expect((given_kv.num_free_pages, list(given_kv.pool.ref_counts)) == before,
                    f"{name}.can_admit changed the pool: it must only decide, never allocate or free", rule="only decides")
-            expect_unchanged(f"{name}.can_admit", "kv", given_kv, kv)
-            expect_unchanged(f"{name}.can_admit", "request", given_request, request)
+            expect_unchanged(f"{name}.can_admit", "kv", given_kv, kv, rule="only decides")
+            expect_unchanged(f"{name}.can_admit", "request", given_request, request, rule="only decides")
             if bool(got) != want:
                 hint = ""
                 if kv.num_free_pages - need == watermark * kv.num_pages:
