@@ -27,7 +27,8 @@ or copied inside a block as a call, and remembers the files and bytecode copied,
 functions a later block looks up again (the scan then includes the objects `gc.freeze()` hid).
 A block may spare some of the modules' functions (`allowed`: helpers the notebook hands the student,
 which compute no part of the answer): no wire is laid on them, and a wire another block laid on one
-notes nothing for this block. Copies of them are not spared (a copy is another function object).
+notes nothing for this block. A helper is spared by its code (its file, name and bytecode), so a
+copy of it is spared too, and nothing else is, whatever name it is reached by.
 Blocks nest (each notes what runs inside it). Like the profile hook it replaces, it notes calls in
 every thread, and is a review aid a determined student can undo (restoring `__code__`), not a
 security boundary.
@@ -35,6 +36,7 @@ security boundary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import itertools
@@ -316,27 +318,45 @@ def _lift(fn: types.FunctionType) -> None:
     fn.__globals__.pop(key, None)
 
 
-def _spared(allowed) -> dict:
-    """{id: function} of `allowed`: functions, static and class methods, properties (their accessors)
-    and classes (every function defined in them)."""
-    found: dict = {}
-
-    def add(obj, depth: int = 0) -> None:
-        if isinstance(obj, (staticmethod, classmethod)):
-            obj = obj.__func__
-        if isinstance(obj, property):
-            for accessor in (obj.fget, obj.fset, obj.fdel):
-                if accessor is not None:
-                    add(accessor)
-        elif isinstance(obj, type) and depth < 8:
-            for value in list(vars(obj).values()):
-                add(value, depth + 1)
-        elif isinstance(obj, types.FunctionType):
-            found[id(obj)] = obj
-
-    for obj in allowed:
-        add(obj)
+@functools.cache
+def _compiled_bytecode(path: str) -> dict[str, set[bytes]]:
+    """{qualified name: bytecode} of every function `path`'s source compiles to, compiled here from the file:
+    what a spared helper's code must be (`_spared`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[str, set[bytes]] = {}
+    todo = [code]
+    while todo:
+        code = todo.pop()
+        found.setdefault(code.co_qualname, set()).add(code.co_code)
+        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
     return found
+
+
+def _spared(allowed, functions, names: dict) -> dict:
+    """{id: function} of `functions` that `allowed` spares. `allowed`: "module:qualified name" strings (a
+    class's name spares every function defined in its body). A function is judged by its own code, never
+    by where it was found: its file is the watched module's (`names`: file -> module name), its qualified
+    name is allowed, and its bytecode is what that file compiles to under that name. So a module attribute
+    or a class member swapped for the reference is not spared, nor a copy of the reference relabelled
+    with a helper's name (a code object's name cannot change; a new one is made by `code.replace`)."""
+    wanted = set(allowed)
+    spared = {}
+    for fn, _ in functions:
+        code = _original_code(fn)
+        module = names.get(code.co_filename)
+        if module is None:
+            continue
+        qualname = code.co_qualname
+        # The name and every enclosing name (a method's class): "FlatBatch.num_tokens" -> "FlatBatch".
+        scopes = [qualname] + [qualname.rsplit(".", k)[0] for k in range(1, qualname.count(".") + 1)]
+        if any(f"{module}:{scope}" in wanted for scope in scopes) \
+                and code.co_code in _compiled_bytecode(code.co_filename).get(qualname, ()):
+            spared[id(fn)] = fn
+    return spared
 
 
 @contextlib.contextmanager
@@ -345,8 +365,9 @@ def tripwires(modules, hits: list, direct_only=(), allowed=()):
     block, of a function whose code lives in one of `modules`: modules, file paths, or single
     functions (only that function is watched, not the rest of its module). `direct_only`: modules
     whose functions count only when the student's code calls them itself (the checks' own code,
-    which the check's harness and the engine call on the student's behalf). `allowed`: functions
-    (or classes, properties) of those modules that the block spares: helpers a student may call."""
+    which the check's harness and the engine call on the student's behalf). `allowed`: the functions
+    (or classes) of those modules that the block spares, helpers a student may call, by name:
+    "module:qualified name" (`_spared`)."""
     names: dict[str, str] = {}  # file -> module name, as a hit names it
     direct = {os.path.abspath(m.__file__): m.__name__ for m in direct_only if getattr(m, "__file__", None)}
     loaded, single = [], []
@@ -383,7 +404,7 @@ def tripwires(modules, hits: list, direct_only=(), allowed=()):
     # (module contents only: no heap scan, which a block per engine step could not afford).
     direct_files = frozenset(direct)
     functions += [(fn, None) for m in direct_only for fn in _functions_of(m, direct_files)]
-    spared = _spared(allowed)
+    spared = _spared(allowed, functions, names) if allowed else {}
     functions = [(fn, path) for fn, path in functions if id(fn) not in spared]
     watcher = (names, direct, hits, spared)
     laid = []

@@ -51,7 +51,8 @@ def _fill_counter(target, recorded):
 def watch_calls(modules, direct_only=(), allowed=()):
     """Record (module name, function name) of every call into code from `modules` in the block (modules,
     or single functions: autograder.call_tripwire), and of calls the student's code makes itself into
-    `direct_only`'s; `allowed`: functions (or classes) of `modules` left unwatched."""
+    `direct_only`'s; `allowed`: functions (or classes) of `modules` left unwatched, by name
+    ("module:qualname")."""
     m = active_membrane()
     if m is not None and m.mode == "replay":
         with _hooked("watch", [], _fill_list) as hits:
@@ -87,8 +88,8 @@ def _own_check_modules(name: str) -> list:
 def forbid_calls(name: str, modules, enabled: bool = True, allowed=()):
     """Fail if code from `modules` (the reference of this exercise) runs inside the block: it
     catches a student function that merely calls the reference, however it was imported. `allowed`:
-    functions (or classes) of `modules` the student may call, helpers the notebook hands them that
-    compute no part of this exercise's answer (docs/grading.md)."""
+    functions (or classes) of `modules` the student may call, by name ("module:qualname"): helpers the
+    notebook hands them that compute no part of this exercise's answer (docs/grading.md)."""
     if not enabled:
         yield
         return

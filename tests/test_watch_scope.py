@@ -104,6 +104,10 @@ def answer(x):
     return helper(x) * 2
 
 
+def reference(x):
+    return x * 3
+
+
 class Box:
     @property
     def size(self):
@@ -116,31 +120,49 @@ def watched(student_module):
     return student_module("scope_watched_module", _HELPERS)
 
 
+MODULE = "scope_watched_module"
+HELPER, BOX = f"{MODULE}:helper", f"{MODULE}:Box"
+
+
 def test_an_allowed_function_notes_nothing_and_the_rest_of_its_module_still_does(watched):
-    with tripwires([watched], [], allowed=(watched.helper, watched.Box)) as hits:
+    with tripwires([watched], [], allowed=(HELPER, BOX)) as hits:
         watched.helper(1)
         assert watched.Box().size == 3
     assert hits == []
-    with tripwires([watched], [], allowed=(watched.helper,)) as hits:
+    with tripwires([watched], [], allowed=(HELPER,)) as hits:
         watched.answer(1)  # (it calls helper: spared, not noted)
         assert watched.Box().size == 3
-    assert hits == [("scope_watched_module", "answer"), ("scope_watched_module", "size")]
+    assert hits == [(MODULE, "answer"), (MODULE, "size")]
 
 
-def test_a_copy_of_an_allowed_function_is_still_noted(watched):
-    with tripwires([watched], []):  # (the audit hook is installed by the first block: it sees the copy made)
+def test_a_copy_of_an_allowed_function_is_spared_and_a_relabelled_copy_of_another_is_not(watched):
+    with tripwires([watched], []):  # (the audit hook is installed by the first block: it sees the copies made)
         pass
-    copy = types.FunctionType(watched.helper.__code__, watched.helper.__globals__, "helper_copy")
-    with tripwires([watched], [], allowed=(watched.helper,)) as hits:
-        copy(1)
-    assert hits == [("scope_watched_module", "helper")]
+    same = types.FunctionType(watched.helper.__code__, watched.helper.__globals__, "helper_copy")
+    code = watched.answer.__code__.replace(co_name="helper", co_qualname="helper")
+    relabelled = types.FunctionType(code, watched.answer.__globals__, "helper")
+    with tripwires([watched], [], allowed=(HELPER,)) as hits:
+        same(1)  # the helper's own code: it computes nothing of the answer, wherever it is reached from
+        relabelled(1)  # the answer's bytecode under the helper's name
+    assert hits == [(MODULE, "helper")]  # (the relabelled copy, named by its code's new name)
+
+
+def test_what_is_spared_is_judged_by_its_code_not_by_where_it_is_found(watched, monkeypatch):
+    """A name the block allows, rebound to another function of the module (the module's attribute, or a
+    member slipped into an allowed class), spares nothing: the function is noted under its own name."""
+    monkeypatch.setattr(watched, "helper", watched.reference)
+    monkeypatch.setattr(watched.Box, "extra", staticmethod(watched.reference), raising=False)
+    with tripwires([watched], [], allowed=(HELPER, BOX)) as hits:
+        watched.helper(1)
+        watched.Box.extra(1)
+    assert hits == [(MODULE, "reference")] * 2
 
 
 def test_a_block_that_allows_nothing_still_notes_what_an_inner_block_allows(watched):
     with tripwires([watched], []) as outer:
-        with tripwires([watched], [], allowed=(watched.helper,)) as inner:
+        with tripwires([watched], [], allowed=(HELPER,)) as inner:
             watched.helper(1)
-    assert inner == [] and outer == [("scope_watched_module", "helper")]
+    assert inner == [] and outer == [(MODULE, "helper")]
 
 
 # -- notebook 1: the static loops may call course_lib's pad_batch -------------------------------------------
@@ -171,6 +193,20 @@ def test_a_static_loop_that_runs_course_libs_loop_is_still_refused(adapter, othe
 
     _refused(graded(adapter, wrapper, "wrapper"), f"course_lib.static_batching.{adapter}")
     _refused(graded(adapter, through_the_other_loop, "other_loop"), f"course_lib.static_batching.{other}")
+
+
+@pytest.mark.parametrize("adapter", ["static_generate", "static_generate_cached"])
+def test_a_static_loop_reached_through_pad_batchs_name_is_still_refused(adapter, graded, monkeypatch):
+    """The spared name rebound to the counterpart (`static_batching.pad_batch = static_batching.<loop>`
+    before the check): the function is judged by its own code, so the loop is refused."""
+    import course_lib.static_batching as static_batching
+
+    monkeypatch.setattr(static_batching, "pad_batch", getattr(static_batching, adapter))
+
+    def through_pad_batchs_name(model, prompts, max_tokens, eos_id):
+        return static_batching.pad_batch(model, prompts, max_tokens, eos_id)
+
+    _refused(graded(adapter, through_pad_batchs_name, "renamed"), f"course_lib.static_batching.{adapter}")
 
 
 # -- notebook 3: build_flat_batch may use FlatBatch ---------------------------------------------------------

@@ -21,8 +21,8 @@ def _loop_helpers() -> tuple:
     """What a static loop may call in course_lib's module: `pad_batch`, section 2's exercise (graded by its
     own check), which the notebook hands to later cells as `pad_fn` while the student's fails, and which
     computes no part of a loop's answer. The rest of the module stays watched: the loops and their row
-    bookkeeping (`_Rows`)."""
-    return (_course_lib_batching().pad_batch,)
+    bookkeeping (`_Rows`). By name: the trip wires judge each function by its own code (autograder.call_tripwire)."""
+    return ("course_lib.static_batching:pad_batch",)
 
 
 def _expect_value_error(shown: str, fn, *args, why: str) -> None:

@@ -41,9 +41,7 @@ def _flat_batch_modules():
 def _flat_batch_helpers() -> tuple:
     """What the builder may use of those modules: `FlatBatch`, the class its answer must be (the notebook
     imports it), `num_tokens` included; it computes none of the rows."""
-    from course_lib.runner_batch import FlatBatch
-
-    return (FlatBatch,)
+    return ("course_lib.runner_batch:FlatBatch",)
 
 
 def _entry(rid, start, n, page_ids, rng=None, tokens=None, vocab=61):

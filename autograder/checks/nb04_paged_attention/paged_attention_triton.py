@@ -165,9 +165,7 @@ TRITON_DECODE_HELPERS = ("interpreting", "num_sms", "_check_triton_mode", "_pow2
 
 
 def _triton_helpers() -> tuple:
-    from course_lib.attention import triton_decode
-
-    return tuple(getattr(triton_decode, helper) for helper in TRITON_DECODE_HELPERS)
+    return tuple(f"course_lib.attention.triton_decode:{helper}" for helper in TRITON_DECODE_HELPERS)
 
 
 def _triton_forbidden():
