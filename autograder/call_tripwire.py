@@ -318,20 +318,30 @@ def _lift(fn: types.FunctionType) -> None:
     fn.__globals__.pop(key, None)
 
 
+def _code_print(code: types.CodeType) -> tuple:
+    """What a code object does: its bytecode, the names and constants it uses, and the same of the code it
+    nests (a comprehension, a lambda). Equal bytecode alone is not enough: `code.replace(co_names=...)`
+    keeps the bytecode and makes it load other globals, `co_consts=` other nested code."""
+    consts = tuple(_code_print(c) if isinstance(c, types.CodeType)
+                   else ("frozenset", tuple(sorted(map(repr, c)))) if isinstance(c, frozenset)  # (any order)
+                   else (type(c).__name__, repr(c)) for c in code.co_consts)
+    return code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, consts
+
+
 @functools.cache
-def _compiled_bytecode(path: str) -> dict[str, set[bytes]]:
-    """{qualified name: bytecode} of every function `path`'s source compiles to, compiled here from the file:
-    what a spared helper's code must be (`_spared`)."""
+def _compiled_code(path: str) -> dict[str, set[tuple]]:
+    """{qualified name: `_code_print`s} of every function `path`'s source compiles to, compiled here from the
+    file: what a spared helper's code must be (`_spared`)."""
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec", dont_inherit=True)
     except (OSError, SyntaxError, ValueError):
         return {}
-    found: dict[str, set[bytes]] = {}
+    found: dict[str, set[tuple]] = {}
     todo = [code]
     while todo:
         code = todo.pop()
-        found.setdefault(code.co_qualname, set()).add(code.co_code)
+        found.setdefault(code.co_qualname, set()).add(_code_print(code))
         todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
     return found
 
@@ -340,9 +350,10 @@ def _spared(allowed, functions, names: dict) -> dict:
     """{id: function} of `functions` that `allowed` spares. `allowed`: "module:qualified name" strings (a
     class's name spares every function defined in its body). A function is judged by its own code, never
     by where it was found: its file is the watched module's (`names`: file -> module name), its qualified
-    name is allowed, and its bytecode is what that file compiles to under that name. So a module attribute
+    name is allowed, and its code (bytecode, names, constants, nested code) is what that file compiles to
+    under that name. So a module attribute
     or a class member swapped for the reference is not spared, nor a copy of the reference relabelled
-    with a helper's name (a code object's name cannot change; a new one is made by `code.replace`)."""
+    with a helper's name (a code object cannot change; `code.replace` makes a new one)."""
     wanted = set(allowed)
     spared = {}
     for fn, _ in functions:
@@ -354,7 +365,7 @@ def _spared(allowed, functions, names: dict) -> dict:
         # The name and every enclosing name (a method's class): "FlatBatch.num_tokens" -> "FlatBatch".
         scopes = [qualname] + [qualname.rsplit(".", k)[0] for k in range(1, qualname.count(".") + 1)]
         if any(f"{module}:{scope}" in wanted for scope in scopes) \
-                and code.co_code in _compiled_bytecode(code.co_filename).get(qualname, ()):
+                and _code_print(code) in _compiled_code(code.co_filename).get(qualname, ()):
             spared[id(fn)] = fn
     return spared
 

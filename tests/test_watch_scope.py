@@ -141,10 +141,15 @@ def test_a_copy_of_an_allowed_function_is_spared_and_a_relabelled_copy_of_anothe
     same = types.FunctionType(watched.helper.__code__, watched.helper.__globals__, "helper_copy")
     code = watched.answer.__code__.replace(co_name="helper", co_qualname="helper")
     relabelled = types.FunctionType(code, watched.answer.__globals__, "helper")
+    # The helper's own bytecode with other constants (`code.replace(co_consts=...)`): `x + 1` becomes `x + 41`.
+    helper_code = watched.helper.__code__
+    consts = tuple(41 if c == 1 else c for c in helper_code.co_consts)
+    other_consts = types.FunctionType(helper_code.replace(co_consts=consts), watched.__dict__)
     with tripwires([watched], [], allowed=(HELPER,)) as hits:
         same(1)  # the helper's own code: it computes nothing of the answer, wherever it is reached from
         relabelled(1)  # the answer's bytecode under the helper's name
-    assert hits == [(MODULE, "helper")]  # (the relabelled copy, named by its code's new name)
+        assert other_consts(1) == 42
+    assert hits == [(MODULE, "helper")] * 2  # (the copies, named by their code's name)
 
 
 def test_what_is_spared_is_judged_by_its_code_not_by_where_it_is_found(watched, monkeypatch):
