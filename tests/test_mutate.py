@@ -61,3 +61,18 @@ def test_a_mutant_that_kills_its_process_counts_as_killed(monkeypatch):
     monkeypatch.setattr(mutate, "generate", lambda e: [(fake, dies)])
     [outcome] = mutate.run([exercise], jobs=1, timeout=20, progress=False)
     assert outcome.status == "killed" and "died" in outcome.detail, outcome
+
+
+def test_the_json_report_gives_each_mutant_its_key(monkeypatch, tmp_path, capsys):
+    """A survivor's key, the name its equivalence note must use, is in the --json report as well as in
+    the printed line (a maintainer scripting the notes reads it there)."""
+    import json
+
+    exercise = BY_ADAPTER["slot_mapping"]
+    survivor = mutate.Mutant(exercise.adapter, "test", 0, 1, "the reference", "the reference")
+    monkeypatch.setattr(mutate, "generate", lambda e: [(survivor, mutate.reference_path(e).read_text())])
+    report = tmp_path / "m.json"
+    mutate.main(mutate.build_parser().parse_args(["--exercise", "slot_mapping", "--json", str(report), "--jobs", "1"]))
+    [entry] = json.loads(report.read_text())["mutants"]
+    assert entry["status"] == "survived" and entry["key"] == survivor.key
+    assert f"key={survivor.key!r}" in capsys.readouterr().out
