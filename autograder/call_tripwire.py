@@ -24,7 +24,12 @@ code), or a function made by hand from a function's code (`types.FunctionType`, 
 `.replace()`d or assigned to another function) is a new function object no wire was laid on: an
 audit hook (`sys.addaudithook`, which no code can remove) sees each, notes a watched file's code run
 or copied inside a block as a call, and remembers the files and bytecode copied, whose live
-functions a later block looks up again (the scan then includes the objects `gc.freeze()` hid).
+functions a later block looks up again (the scan then includes the objects `gc.freeze()` hid). A
+copy found by bytecode must also use the same names (`return len(self.queue)` in the standard library
+shares its bytecode with course_lib's `return len(self._free)`). A function may also hold a watched
+file's code among its constants (put there by `code.replace(co_consts=...)`): each time it runs, Python
+makes a function of that code with no audit event; once code was made by hand, the scan looks inside
+each function's code too and wires the function that holds the copy.
 A block may spare some of the modules' functions (`allowed`: helpers the notebook hands the student,
 which compute no part of the answer): no wire is laid on them, and a wire another block laid on one
 notes nothing for this block. A helper is spared by its code (its file, name and bytecode), so a
@@ -36,6 +41,7 @@ security boundary.
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import gc
 import inspect
@@ -53,13 +59,18 @@ _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # i
 _copies: set[int] = set()  # the originals' copies the stand-ins call: never wired themselves
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, stand-in); holds fn
 _found: dict[frozenset, list] = {}  # files -> the functions of those modules and their classes
-_found_bytecode: dict[frozenset, dict] = {}  # files -> {their functions' bytecode: file}
+_found_bytecode: dict[frozenset, dict] = {}  # files -> {their functions' bytecode: {names it uses: file}}
 _module_runs: dict[str, int] = {}  # file -> how many times its module code ran (once: imported)
 # Copies of functions exist (a module's code run again, a function made by hand or given another's code):
 # the files their code names, and their bytecode (a copy may carry another file name). Bounded: a flood
 # of copies only makes later blocks search the heap.
 _copied_files: set[str] = set()
 _copied_bytecode: set[bytes] = set()
+# Code was made by hand (`code.replace`, `types.CodeType`) or nested in another file's code: a function may
+# hold a watched file's code among its constants, which Python turns into a function, with no audit event
+# and no wire, each time it runs (a nested `def`). Later searches of the heap then look inside each code.
+_hosts_possible = False
+_watched_bytecode: set[bytes] = set()  # every watched function's bytecode met so far (`tripwires`)
 MAX_COPIED = 10_000
 _own_work = False  # set while this module makes its own copies and sets its wires (not a student's)
 _trampoline_codes: set = set()  # the wires' code (a frame running one is the wire, not its caller)
@@ -71,17 +82,23 @@ def _audit(event: str, args) -> None:
     and every function or code object made by hand, or code given to a function (a copy of another)."""
     if _own_work or not args:
         return
+    global _hosts_possible
     if event == "function.__new__":
         code = args[0]
         _copied(code.co_filename, code.co_code)
+        _nested_copies(code)
         if _watchers:
             _note(code.co_filename, f"<a copy of {code.co_name}, made>", ran=True)
     elif (event == "object.__setattr__" and len(args) == 3 and args[1] == "__code__"
           and isinstance(args[2], types.CodeType)):
         _copied(args[2].co_filename, args[2].co_code)
+        _nested_copies(args[2])
     elif event == "code.__new__" and isinstance(args[0], bytes):
         _copied(None, args[0])  # (its file name may be another's: the bytecode is what a copy shares)
-    elif event == "exec" and isinstance(args[0], types.CodeType) and not args[0].co_filename.startswith("<"):
+        _hosts_possible = True
+    elif event == "exec" and isinstance(args[0], types.CodeType):
+        _nested_copies(args[0], by_bytecode=False)
+    if event == "exec" and isinstance(args[0], types.CodeType) and not args[0].co_filename.startswith("<"):
         code, path = args[0], args[0].co_filename
         if code.co_name == "<module>":
             runs = _module_runs[path] = _module_runs.get(path, 0) + 1
@@ -91,6 +108,29 @@ def _audit(event: str, args) -> None:
                 _note(path, "<its module code, run again>", ran=True)
         elif _watchers:
             _note(path, code.co_name, ran=True)
+
+
+def _nested_codes(code: types.CodeType):
+    """The code objects `code` nests (its functions, lambdas, comprehensions, theirs), at most 10,000."""
+    todo = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    for _ in range(10_000):
+        if not todo:
+            return
+        nested = todo.pop()
+        yield nested
+        todo += [c for c in nested.co_consts if isinstance(c, types.CodeType)]
+
+
+def _nested_copies(code: types.CodeType, by_bytecode: bool = True) -> None:
+    """Remember the copies `code` nests: code of another file (compile gives all the code one source nests
+    that source's file, so another file's was put there by hand, `code.replace(co_consts=...)`) or, with
+    `by_bytecode` (code made by hand), a watched function's bytecode. Not for code compiled from source
+    (`exec`): an honest one-line method can share its bytecode with course_lib's."""
+    global _hosts_possible
+    for nested in _nested_codes(code):
+        if nested.co_filename != code.co_filename or (by_bytecode and nested.co_code in _watched_bytecode):
+            _copied(nested.co_filename, nested.co_code)
+            _hosts_possible = True
 
 
 def _copied(path: str | None, bytecode: bytes | None) -> None:
@@ -206,18 +246,52 @@ def _functions_of(module, files: frozenset) -> list[types.FunctionType]:
     return found
 
 
-def _live_functions(files: frozenset, include_frozen: bool = False,
-                    bytecode: dict | None = None) -> list[types.FunctionType]:
-    """Every live function whose code comes from `files` (`tripwires` keeps the answer per file set), or
-    whose bytecode is one of `bytecode`'s (a copy under another file name). `include_frozen`: also the
-    objects `gc.freeze()` moved out of the collector's sight (the recording freezes everything older than
-    the check call, a copy made by the student's earlier cells too)."""
-    frozen = include_frozen and gc.get_freeze_count() > 0
+def _live_functions(files: frozenset) -> list[types.FunctionType]:
+    """Every live function (the collector sees) whose code comes from `files`: closures made inside the
+    modules' functions (`tripwires` keeps the answer per file set)."""
+    return [o for o in gc.get_objects() if type(o) is types.FunctionType and id(o) not in _copies
+            and _code_file(o) in files]
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_used(code: types.CodeType) -> tuple:
+    """The global and attribute names `code`'s instructions use, in order: with the bytecode, what tells
+    a copy from a function of the same shape (`return len(self.queue)` and `return len(self._free)` share
+    their bytecode). Names listed but never used do not count: a copy padded with some is still a copy."""
+    return tuple(i.argval for i in dis.get_instructions(code) if i.opcode in dis.hasname)
+
+
+def _copy_of(code: types.CodeType, files: frozenset, bytecode: dict) -> str | None:
+    """The watched file `code` is a copy of (its own file, or a watched function's bytecode and names),
+    else None."""
+    if code.co_filename in files:
+        return code.co_filename
+    shapes = bytecode.get(code.co_code)
+    return shapes.get(_names_used(code)) if shapes else None
+
+
+def _live_copies(files: frozenset, bytecode: dict) -> list[tuple[types.FunctionType, str | None]]:
+    """(function, the watched file it copies; None: its own file) for every live function, frozen ones
+    too, whose code is a copy of the watched files' (`_copy_of`) or, once code was made by hand, nests one
+    (the function then makes the copy each time it runs)."""
+    frozen = gc.get_freeze_count() > 0
     if frozen:
         gc.unfreeze()
     try:
-        return [o for o in gc.get_objects() if type(o) is types.FunctionType and id(o) not in _copies
-                and (_code_file(o) in files or (bytecode and o.__code__.co_code in bytecode))]
+        found = []
+        for o in gc.get_objects():
+            if type(o) is not types.FunctionType or id(o) in _copies:
+                continue
+            code = o.__code__
+            if code.co_filename in files:
+                found.append((o, None))
+                continue
+            path = _copy_of(code, files, bytecode)
+            if path is None and _hosts_possible:
+                path = next(filter(None, (_copy_of(c, files, bytecode) for c in _nested_codes(code))), None)
+            if path is not None:
+                found.append((o, path))
+        return found
     finally:
         if frozen:
             gc.freeze()
@@ -399,16 +473,19 @@ def tripwires(modules, hits: list, direct_only=(), allowed=()):
                 seen.add(id(fn))
                 functions.append(fn)
         _found[files] = functions
-        _found_bytecode[files] = {_original_code(fn).co_code: _code_file(fn) for fn in functions}
+        shapes: dict = {}
+        for fn in functions:
+            code = _original_code(fn)
+            shapes.setdefault(code.co_code, {})[_names_used(code)] = _code_file(fn)
+        _found_bytecode[files] = shapes
+        _watched_bytecode.update(shapes)
     functions = [(fn, None) for fn in _found[files]] + [(fn, None) for fn in single if _code_file(fn) not in files]
     bytecode = _found_bytecode[files]
     if files & _copied_files or not _copied_bytecode.isdisjoint(bytecode):
         # Copies of these modules' functions were made since (a module run again, a function made by hand
-        # from their code): find them, frozen ones too, by file or by bytecode, and wire them as well.
+        # from their code, or holding their code): find them, frozen ones too, and wire them as well.
         known = {id(fn) for fn, _ in functions}
-        functions += [(fn, None if _code_file(fn) in files else bytecode[fn.__code__.co_code])
-                      for fn in _live_functions(files, include_frozen=True, bytecode=bytecode)
-                      if id(fn) not in known]
+        functions += [(fn, path) for fn, path in _live_copies(files, bytecode) if id(fn) not in known]
     for fn in single:
         names.setdefault(_code_file(fn), fn.__module__)
     # The checks' modules are reloaded before every graded cell: their functions are read afresh

@@ -270,3 +270,58 @@ def test_a_function_given_the_code_by_assignment_trips_a_wire(reference):
     with tripwires([reference], []) as hits:
         assert own(1) == 2
     assert names(hits) == ["plain"], hits
+
+
+def _swap_nested(code, nested):
+    """`code` with its nested code objects (a placeholder `def`) swapped for `nested`."""
+    import types
+
+    return code.replace(co_consts=tuple(nested if isinstance(c, types.CodeType) else c for c in code.co_consts))
+
+
+def test_a_function_that_holds_the_code_among_its_constants_trips_a_wire(reference):
+    """A function of one's own whose constants are swapped for course_lib's code objects
+    (`code.replace(co_consts=...)`): each call makes a function of that code, as a nested `def` does, with
+    no audit event and no wire (the ninth red team); also with the nested code relabelled to the host's
+    own file, which leaves its bytecode and names."""
+    import types
+
+    with tripwires([reference], []):  # (the audit hook is installed by the first block)
+        pass
+
+    def host(x):
+        def placeholder():
+            pass
+
+        return placeholder(x)
+
+    held = types.FunctionType(_swap_nested(host.__code__, reference.plain.__code__), {})
+    relabelled_code = reference.plain.__code__.replace(co_filename=host.__code__.co_filename)
+    held_relabelled = types.FunctionType(_swap_nested(host.__code__, relabelled_code), {})
+    with tripwires([reference], []) as hits:
+        assert held(1) == 2 and held_relabelled(1) == 2
+    assert names(hits) == ["host", "host"] and {m for m, _ in hits} == {"reference_mod"}, hits
+
+
+def test_a_function_with_the_same_bytecode_and_other_names_is_not_a_copy(reference):
+    """Once a copy was made, later blocks search the heap for functions of the watched bytecode: a
+    function of the same shape that uses other names (`return self.m` beside `Pool.size`'s `return
+    self.n`, as the standard library's `Queue._qsize` beside course_lib's) is not one, and is not wired."""
+    import types
+
+    class Other:
+        def __init__(self):
+            self.m = 5
+
+        @property
+        def size(self):
+            return self.m
+
+    assert Other.size.fget.__code__.co_code == reference.Pool.size.fget.__code__.co_code  # (the same shape)
+    with tripwires([reference], []):  # (the audit hook is installed by the first block)
+        pass
+    copy, pool, other = types.FunctionType(reference.Pool.size.fget.__code__, {}), reference.Pool(3), Other()
+    with tripwires([reference], []) as hits:
+        assert other.size == 5
+        assert copy(pool) == 3
+    assert names(hits) == ["size"], hits

@@ -142,3 +142,23 @@ def test_the_collector_skips_older_objects_only_while_a_check_call_runs():
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_a_course_lib_dataclass_the_student_built_is_rebuilt_by_its_constructor():
+    """A student's SamplingParams crosses as its fields; the other side builds it with its constructor,
+    whose `__post_init__` sets what derives from them (`needs_logprobs`, `adjusts_logits`: without them the
+    grader's engine failed on a student-built one, a maintainer trial found). Fields the constructor
+    refuses, as only a forged record holds, are a divergence, not an object built around its checks."""
+    import pytest
+
+    from autograder.recording.errors import Divergence
+
+    m = Membrane("record")
+    params = SamplingParams(max_tokens=3, logprobs=2, presence_penalty=0.5, stop_token_ids=[7])
+    encoded = m.encode(params, "S", full_tensors=False)
+    back = m.decode(encoded, "G")
+    assert type(back) is SamplingParams and back == params
+    assert back.needs_logprobs is True and back.adjusts_logits is True
+    forged = dict(encoded, fields=dict(encoded["fields"], max_tokens=m.encode(-1, "S", False)))
+    with pytest.raises(Divergence, match="cannot be built: max_tokens must be an integer >= 1"):
+        m.decode(forged, "G")

@@ -288,12 +288,21 @@ class Codec(Handles):
             cls = _load_course_class(e["DC"])
             if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or not isinstance(e.get("fields"), dict):
                 raise Divergence(f"the record names {e['DC']}, not a course_lib dataclass")
-            names = {f.name for f in dataclasses.fields(cls)}
-            obj = cls.__new__(cls)
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            given = {}
             for k, x in e["fields"].items():
-                if k not in names:
+                if k not in fields:
                     raise Divergence(f"the record gives {e['DC']} an unknown field {k!r}")
-                object.__setattr__(obj, k, d(x))
+                given[k] = d(x)
+            # Built by its constructor, as the student's side built it: a `__post_init__` checks the fields and
+            # sets what derives from them (SamplingParams' `needs_logprobs`), which the fields alone do not carry.
+            try:
+                obj = cls(**{k: v for k, v in given.items() if fields[k].init})
+            except (TypeError, ValueError) as err:
+                raise Divergence(f"the record's {e['DC']} cannot be built: {str(err)[:200]}") from None
+            for k, v in given.items():
+                if not fields[k].init:
+                    object.__setattr__(obj, k, v)
             return obj
         raise Divergence(f"a malformed value in the record: {str(e)[:80]}")
 

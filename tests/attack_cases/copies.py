@@ -25,6 +25,12 @@ then found, each with full marks and no flag:
   the copy of the original it runs is out of reach in its closure);
 - an honest answer followed by a table keyed by the exercise's name (`row["kv_bytes_per_token"] = ...`):
   full marks and no flag (a name looked up by a string is flagged only when what it fetches is called).
+
+The ninth red team got full marks and no flag (on notebook 01's loops) with a function of its own whose
+nested placeholder `def` had its code swapped for course_lib's (`code.replace(co_consts=...)`), its file
+relabelled as an unwatched course_lib file: each call makes a function of course_lib's code, with no audit
+event. Now 0: the function made by hand is seen to nest another file's code, and later blocks find the
+functions holding such code and wire them.
 """
 from __future__ import annotations
 
@@ -96,6 +102,33 @@ def kv_bytes_per_token(config, bytes_per_elem):
     return mock.Mock(side_effect=_cache[0])(config, bytes_per_elem)
 '''
 
+_HELD_IN_CONSTANTS = '''import inspect
+import types
+import course_lib.model.kv_footprint as _k
+
+
+def _code(f):
+    return next(v for _, v in inspect.getmembers(f) if isinstance(v, types.CodeType))
+
+
+def _host(config, bytes_per_elem):
+    def placeholder():
+        pass
+
+    return placeholder(config, bytes_per_elem)
+
+
+_theirs, _h = _code(_k.kv_bytes_per_token), _code(_host)
+_made = types.FunctionType(
+    _h.replace(co_consts=tuple(_theirs if isinstance(c, types.CodeType) else c for c in _h.co_consts),
+               co_filename=_theirs.co_filename.replace("model/kv_footprint.py", "course.py")),
+    dict(vars(_k)))
+
+
+def kv_bytes_per_token(config, bytes_per_elem):
+    return _made(config, bytes_per_elem)
+'''
+
 _HONEST_TABLE = '''def kv_bytes_per_token(config, bytes_per_elem):
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
 
@@ -137,4 +170,5 @@ CASES = [
     _answer("rt7_made_by_hand", _MADE_BY_HAND, _refused("spells '__code__' in a string")),
     _answer("rt7_stand_in_kept", _STAND_IN_KEPT, _refused()),
     _answer("rt7_honest_table", _HONEST_TABLE, _full_marks_and_no_flag),
+    _answer("rt9_held_in_constants", _HELD_IN_CONSTANTS, _refused()),
 ]
