@@ -1,6 +1,7 @@
 """What the per-notebook check tests (tests/test_checks_nbXX.py) share: a check's verdict on one
 implementation and seed (its run time printed: speed is shown, never asserted), an exercise's
-course_lib counterpart from the table of exercises, and (exercise, implementation) cases."""
+course_lib counterpart from the table of exercises, (exercise, implementation) cases, and one check call
+recorded as the sandbox records it."""
 from __future__ import annotations
 
 import importlib
@@ -24,6 +25,25 @@ def verdict(exercise: str, impl, seed: int) -> str | None:
         message = str(e)
     print(f"check_{exercise}({getattr(impl, '__name__', impl)}, seed={seed}): {time.perf_counter() - start:.2f} s")
     return message
+
+
+def record_check_call(path, adapter: str, impl) -> tuple[dict, str | None]:
+    """(the record entry of one call of `adapter`'s check on its visible seed, written to `path` as the
+    sandbox writes it; the kernel's outcome: None if it passed, else the AssertionError's message)."""
+    from autograder import record
+    from autograder.replay import read_records
+
+    record.start(str(path))
+    try:
+        get_check(adapter)(impl, seed=BY_ADAPTER[adapter].visible_seed)
+        outcome = None
+    except AssertionError as exc:
+        outcome = str(exc)
+    finally:
+        record.SESSION = None
+    entries, problems = read_records(path)
+    assert not problems and len(entries) == 1, problems
+    return entries[0], outcome
 
 
 def counterpart(exercise: str):

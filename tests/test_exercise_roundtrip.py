@@ -16,14 +16,12 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from check_support import student_copy_fixture
+from check_support import record_check_call, student_copy_fixture
 
-from autograder import record
 from autograder._checking import REFERENCE_MESSAGE
 from autograder.checks import get_check
 from autograder.exercises import EXERCISES
-from autograder.replay import read_records, replay
-
+from autograder.replay import replay
 
 student_copy = student_copy_fixture("roundtrip")
 
@@ -35,18 +33,7 @@ def recorded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("records")
 
     def run(exercise, impl):
-        path = folder / f"{exercise.adapter}-{impl.__name__}.jsonl"
-        record.start(str(path))
-        try:
-            get_check(exercise.adapter)(impl, seed=exercise.visible_seed)
-            outcome = None
-        except AssertionError as exc:
-            outcome = str(exc)
-        finally:
-            record.SESSION = None
-        entries, problems = read_records(path)
-        assert not problems and len(entries) == 1, problems
-        return entries[0], outcome
+        return record_check_call(folder / f"{exercise.adapter}-{impl.__name__}.jsonl", exercise.adapter, impl)
 
     return run
 

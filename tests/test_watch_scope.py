@@ -23,14 +23,12 @@ import sys
 import types
 
 import pytest
-from check_support import student_copy_fixture
+from check_support import record_check_call, student_copy_fixture
 
-from autograder import record
 from autograder._checking import REFERENCE_MESSAGE
 from autograder.call_tripwire import tripwires
 from autograder.checks import get_check
-from autograder.exercises import BY_ADAPTER
-from autograder.replay import read_records, replay
+from autograder.replay import replay
 
 student_copy = student_copy_fixture("scope")
 
@@ -64,19 +62,8 @@ def graded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("records")
 
     def run(adapter, impl, label):
-        exercise = BY_ADAPTER[adapter]
-        path = folder / f"{adapter}-{label}.jsonl"
-        record.start(str(path))
-        try:
-            get_check(adapter)(impl, seed=exercise.visible_seed)
-            outcome = None
-        except AssertionError as exc:
-            outcome = str(exc)
-        finally:
-            record.SESSION = None
-        entries, problems = read_records(path)
-        assert not problems and len(entries) == 1, problems
-        return outcome, replay(get_check(adapter), entries[0])
+        entry, outcome = record_check_call(folder / f"{adapter}-{label}.jsonl", adapter, impl)
+        return outcome, replay(get_check(adapter), entry)
 
     return run
 
