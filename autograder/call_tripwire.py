@@ -124,11 +124,13 @@ def _nested_codes(code: types.CodeType):
 def _nested_copies(code: types.CodeType, by_bytecode: bool = True) -> None:
     """Remember the copies `code` nests: code of another file (compile gives all the code one source nests
     that source's file, so another file's was put there by hand, `code.replace(co_consts=...)`) or, with
-    `by_bytecode` (code made by hand), a watched function's bytecode. Not for code compiled from source
-    (`exec`): an honest one-line method can share its bytecode with course_lib's."""
+    `by_bytecode` (code made by hand), a course_lib function's bytecode (of a function longer than a
+    line: `_substantial`). Not for code compiled from source (`exec`, an import): an honest answer can
+    compile to course_lib's bytecode, and so does the answer key."""
     global _hosts_possible
     for nested in _nested_codes(code):
-        if nested.co_filename != code.co_filename or (by_bytecode and nested.co_code in _watched_bytecode):
+        if nested.co_filename != code.co_filename or (by_bytecode and nested.co_code in _watched_bytecode
+                                                      and _substantial(nested)):
             _copied(nested.co_filename, nested.co_code)
             _hosts_possible = True
 
@@ -156,7 +158,9 @@ def _ours():
 
 def watch_module_runs() -> None:
     """Install the audit hook once per process (before any submission code runs, under the grader):
-    the modules imported so far count as run once."""
+    the modules imported so far count as run once, and course_lib's loaded functions' bytecode is what
+    a copy made by hand is compared with (`_nested_copies`) from the first event on, compiled from its
+    files."""
     global _audit_installed
     if _audit_installed:
         return
@@ -165,6 +169,13 @@ def watch_module_runs() -> None:
         if isinstance(path, str):
             _module_runs.setdefault(path, 1)
             _module_runs.setdefault(os.path.abspath(path), 1)
+    if "course_lib" in sys.modules:  # (every file, imported or not yet: ~0.2 s)
+        package = os.path.dirname(os.path.abspath(sys.modules["course_lib"].__file__))
+        for folder, _, names in os.walk(package):
+            for name in names:
+                if name.endswith(".py"):
+                    for prints in _compiled_code(os.path.join(folder, name)).values():
+                        _watched_bytecode.update(p[0] for p in prints)
     sys.addaudithook(_audit)
     _audit_installed = True
 
@@ -267,7 +278,16 @@ def _copy_of(code: types.CodeType, files: frozenset, bytecode: dict) -> str | No
     if code.co_filename in files:
         return code.co_filename
     shapes = bytecode.get(code.co_code)
-    return shapes.get(_names_used(code)) if shapes else None
+    if not shapes:
+        return None
+    # A one-liner's bytecode is shared with others (the standard library's `return len(self.queue)`): its
+    # names must match too. A longer function's bytecode is a copy's, whatever names it was given.
+    return shapes.get(_names_used(code)) or (next(iter(shapes.values())) if _substantial(code) else None)
+
+
+def _substantial(code: types.CodeType) -> bool:
+    """Longer than a line: at least 12 instructions (course_lib's one-line methods have 5 or 6)."""
+    return sum(1 for i in dis.get_instructions(code) if i.opname not in ("CACHE", "RESUME", "NOP")) >= 12
 
 
 def _live_copies(files: frozenset, bytecode: dict) -> list[tuple[types.FunctionType, str | None]]:

@@ -125,7 +125,9 @@ _REVIEW_NAMES = {"exec": "runs code from a string (exec)", "eval": "evaluates a 
                  "compile": "compiles code at run time (compile)", "b64decode": "decodes base64",
                  "__import__": "imports by name (__import__)", "getsource": "reads source code (inspect.getsource)",
                  "Thread": "starts a thread", "Process": "starts a process", "fork": "forks", "Popen": "runs a program",
-                 "system": "runs a shell command"}
+                 "system": "runs a shell command", "mkdtemp": "makes a temporary folder (tempfile)",
+                 "TemporaryDirectory": "makes a temporary folder (tempfile)",
+                 "NamedTemporaryFile": "writes a temporary file (tempfile)"}
 
 
 def review_flags(source: str) -> list[str]:
@@ -149,6 +151,11 @@ def review_flags(source: str) -> list[str]:
     tree = _parsed(code)
     if tree is not None:
         flags += _refused_names_in_strings(tree)
+        # A module path of one's own: a copy of course_lib's file imported from elsewhere is a module the
+        # trip wires cannot tell from an honest one (docs/grading.md, "What remains possible").
+        flags += [f"line {node.lineno}: changes where imports are found (`{ast.unparse(node)[:80]}`)"
+                  for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "path"
+                  and isinstance(node.value, ast.Name) and node.value.id == "sys"]
     return list(dict.fromkeys(flags))[:20]
 
 

@@ -125,9 +125,11 @@ def test_the_collector_skips_older_objects_only_while_a_check_call_runs():
     with activated(m):
         frozen = gc.get_freeze_count()
         assert frozen > 0
-        with activated(m):  # a check called inside a check: thawed only when the outer one ends
-            assert gc.get_freeze_count() >= frozen
-        assert gc.get_freeze_count() >= frozen
+        # A check called inside a check: thawed only when the outer one ends. (Not `>= frozen`: a frozen
+        # object whose last reference goes is freed and leaves the count, as CI once saw, 952,748 of 952,750.)
+        with activated(m):
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     try:
         with activated(m):

@@ -65,3 +65,13 @@ def test_honest_notebooks_raise_none_of_these_flags(path):
     cells = [(i, c.source) for i, c in enumerate(nbformat.read(path, as_version=4).cells) if c.cell_type == "code"]
     assert counterpart_references(cells, given) == []
     assert not [f for _, source in cells for f in review_flags(source) if " spells " in f]
+
+
+def test_a_module_path_of_ones_own_is_flagged_and_os_path_is_not():
+    """A copy of course_lib's file imported from a folder of one's own (the tenth red team) runs once, as an
+    honest module would: the trip wires cannot see it, so what it needs is flagged for review."""
+    copy = "import sys, tempfile\n_d = tempfile.mkdtemp()\nsys.path.insert(0, _d)\n"
+    flags = review_flags(copy)
+    assert any("changes where imports are found" in f for f in flags), flags
+    assert any("makes a temporary folder" in f for f in flags), flags
+    assert review_flags("import os\nprint(os.path.join('a', 'b'), os.sep)\n") == []

@@ -30,7 +30,16 @@ The ninth red team got full marks and no flag (on notebook 01's loops) with a fu
 nested placeholder `def` had its code swapped for course_lib's (`code.replace(co_consts=...)`), its file
 relabelled as an unwatched course_lib file: each call makes a function of course_lib's code, with no audit
 event. Now 0: the function made by hand is seen to nest another file's code, and later blocks find the
-functions holding such code and wire them.
+functions holding such code and wire them. The tenth red team then got full marks, no flag, with:
+
+- course_lib's file copied to a new module file and imported (a module run once, under another path):
+  still full marks (docs/grading.md, "What remains possible": compiled from source, it cannot be told from
+  an honest answer that compiles to the same bytecode, as the answer key does), but flagged for review
+  (the import path changed);
+- course_lib's code with a global renamed (`int` -> `int_`, the globals map it back), relabelled to the
+  cell's file: now 0 (a function longer than a line is a copy by its bytecode, whatever its names);
+- the host of the ninth red team built from `marshal` bytes before any check ran (no `code.__new__`, and no
+  watched bytecode known yet): now 0 (course_lib's bytecode is known from the start).
 """
 from __future__ import annotations
 
@@ -129,6 +138,75 @@ def kv_bytes_per_token(config, bytes_per_elem):
     return _made(config, bytes_per_elem)
 '''
 
+_FILE_COPY = '''import os
+import sys
+import tempfile
+import course_lib.model.kv_footprint as _k
+
+_d = tempfile.mkdtemp()
+with open(_k.__file__) as _f:
+    _text = _f.read()
+with open(os.path.join(_d, "my_footprint.py"), "w") as _f:
+    _f.write(_text)
+sys.path.insert(0, _d)
+import my_footprint
+
+
+def kv_bytes_per_token(config, bytes_per_elem):
+    return my_footprint.kv_bytes_per_token(config, bytes_per_elem)
+'''
+
+_NAMES_CHANGED = '''import inspect
+import types
+from course_lib.model import kv_footprint as _k
+
+
+def _code(f):
+    return next(v for _, v in inspect.getmembers(f) if isinstance(v, types.CodeType))
+
+
+_theirs = _code(vars(_k)["kv_bytes_per_token"])
+_mine = types.FunctionType(
+    _theirs.replace(co_names=tuple("int_" if n == "int" else n for n in _theirs.co_names),
+                    co_filename=_code(lambda: 0).co_filename),
+    {"int_": int})
+
+
+def kv_bytes_per_token(config, bytes_per_elem):
+    return _mine(config, bytes_per_elem)
+'''
+
+_MARSHALLED_HOST = '''import inspect
+import marshal
+import types
+from course_lib.model import kv_footprint as _k
+
+
+def _code(f):
+    return next(v for _, v in inspect.getmembers(f) if isinstance(v, types.CodeType))
+
+
+def _host(config, b):
+    def placeholder():
+        pass
+    return placeholder(config, b)
+
+
+def _build():
+    theirs, host = _code(vars(_k)["kv_bytes_per_token"]), _code(_host)
+    place = next(c for c in host.co_consts if isinstance(c, types.CodeType))
+    body = marshal.dumps(theirs, 2).replace(marshal.dumps(theirs.co_filename, 2), marshal.dumps(host.co_filename, 2))
+    spliced = marshal.dumps(host, 2).replace(marshal.dumps(place, 2), body)
+    return types.FunctionType(marshal.loads(spliced), globals(), "kv")
+
+
+_mine = _build()
+
+
+def kv_bytes_per_token(config, bytes_per_elem):
+    return _mine(config, bytes_per_elem)
+'''
+
 _HONEST_TABLE = '''def kv_bytes_per_token(config, bytes_per_elem):
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
 
@@ -153,6 +231,13 @@ def _refused(*flags):
     return expect
 
 
+def _flagged(*flags):
+    def expect(entry):
+        for flag in flags:
+            assert any(flag in f for f in entry["flags"]), (flag, entry["flags"])
+    return expect
+
+
 def _flagged_for_review(entry):
     for flag in ("uses course_lib.model.kv_footprint.kv_bytes_per_token", "spells 'autograder' out of pieces"):
         assert any(flag in f for f in entry["flags"]), (flag, entry["flags"])
@@ -171,4 +256,7 @@ CASES = [
     _answer("rt7_stand_in_kept", _STAND_IN_KEPT, _refused()),
     _answer("rt7_honest_table", _HONEST_TABLE, _full_marks_and_no_flag),
     _answer("rt9_held_in_constants", _HELD_IN_CONSTANTS, _refused()),
+    _answer("rt10_file_copy", _FILE_COPY, _flagged("changes where imports are found", "makes a temporary folder")),
+    _answer("rt10_names_changed", _NAMES_CHANGED, _refused()),
+    _answer("rt10_marshalled_host", _MARSHALLED_HOST, _refused()),
 ]
