@@ -130,7 +130,8 @@ def drive(engine, who: str, max_steps: int = 2000, on_step=None, *, out_of_pages
 def naming_rule(name: str):
     """A failure inside the block that names no rule yet names `name` (the rule of the case the block
     runs), so that a crash of the student's code in that case still says which rule to open. A refusal
-    of course_lib's code passes unchanged: it is not a broken rule. Open it inside `forbid_calls`."""
+    of course_lib's code passes unchanged: it is not a broken rule (so it may stand inside `forbid_calls`
+    or around it)."""
     try:
         yield
     except _AssertionError as exc:
