@@ -111,7 +111,10 @@ def kv_bytes_per_token(config, bytes_per_elem):
     return mock.Mock(side_effect=_cache[0])(config, bytes_per_elem)
 '''
 
-_HELD_IN_CONSTANTS = '''import inspect
+# What the hand-made copies below share: course_lib's function's code taken without naming `__code__`, and a
+# host whose nested placeholder `def` can be swapped for another code object.
+_CODE_AND_HOST = '''import inspect
+import marshal
 import types
 import course_lib.model.kv_footprint as _k
 
@@ -125,7 +128,9 @@ def _host(config, bytes_per_elem):
         pass
 
     return placeholder(config, bytes_per_elem)
+'''
 
+_HELD_IN_CONSTANTS = _CODE_AND_HOST + '''
 
 _theirs, _h = _code(_k.kv_bytes_per_token), _code(_host)
 _made = types.FunctionType(
@@ -156,14 +161,7 @@ def kv_bytes_per_token(config, bytes_per_elem):
     return my_footprint.kv_bytes_per_token(config, bytes_per_elem)
 '''
 
-_NAMES_CHANGED = '''import inspect
-import types
-from course_lib.model import kv_footprint as _k
-
-
-def _code(f):
-    return next(v for _, v in inspect.getmembers(f) if isinstance(v, types.CodeType))
-
+_NAMES_CHANGED = _CODE_AND_HOST + '''
 
 _theirs = _code(vars(_k)["kv_bytes_per_token"])
 _mine = types.FunctionType(
@@ -176,21 +174,7 @@ def kv_bytes_per_token(config, bytes_per_elem):
     return _mine(config, bytes_per_elem)
 '''
 
-_MARSHALLED_HOST = '''import inspect
-import marshal
-import types
-from course_lib.model import kv_footprint as _k
-
-
-def _code(f):
-    return next(v for _, v in inspect.getmembers(f) if isinstance(v, types.CodeType))
-
-
-def _host(config, b):
-    def placeholder():
-        pass
-    return placeholder(config, b)
-
+_MARSHALLED_HOST = _CODE_AND_HOST + '''
 
 def _build():
     theirs, host = _code(vars(_k)["kv_bytes_per_token"]), _code(_host)
