@@ -25,15 +25,17 @@ code), or a function made by hand from a function's code (`types.FunctionType`, 
 audit hook (`sys.addaudithook`, which no code can remove) sees each, notes a watched file's code run
 or copied inside a block as a call, and remembers the files and bytecode copied, whose live
 functions a later block looks up again (the scan then includes the objects `gc.freeze()` hid). A
-copy found by bytecode must also use the same names (`return len(self.queue)` in the standard library
-shares its bytecode with course_lib's `return len(self._free)`). A function may also hold a watched
+one-line copy found by bytecode must also use the same names (`return len(self.queue)` in the standard
+library shares its bytecode with course_lib's `return len(self._free)`); a longer one is a copy by its
+bytecode alone, whatever names it was given. A function may also hold a watched
 file's code among its constants (put there by `code.replace(co_consts=...)`): each time it runs, Python
 makes a function of that code with no audit event; once code was made by hand, the scan looks inside
 each function's code too and wires the function that holds the copy.
 A block may spare some of the modules' functions (`allowed`: helpers the notebook hands the student,
 which compute no part of the answer): no wire is laid on them, and a wire another block laid on one
-notes nothing for this block. A helper is spared by its code (its file, name and bytecode), so a
-copy of it is spared too, and nothing else is, whatever name it is reached by.
+notes nothing for this block. A helper is spared by its code (its file, qualified name, bytecode,
+names, constants and nested code, against its file compiled afresh), so a copy of it is spared too,
+and nothing else is, whatever name it is reached by.
 Blocks nest (each notes what runs inside it). Like the profile hook it replaces, it notes calls in
 every thread, and is a review aid a determined student can undo (restoring `__code__`), not a
 security boundary.
@@ -70,7 +72,7 @@ _copied_bytecode: set[bytes] = set()
 # hold a watched file's code among its constants, which Python turns into a function, with no audit event
 # and no wire, each time it runs (a nested `def`). Later searches of the heap then look inside each code.
 _hosts_possible = False
-_watched_bytecode: set[bytes] = set()  # every watched function's bytecode met so far (`tripwires`)
+_watched_bytecode: set[bytes] = set()  # course_lib's functions' bytecode (`watch_module_runs`, `tripwires`)
 MAX_COPIED = 10_000
 _own_work = False  # set while this module makes its own copies and sets its wires (not a student's)
 _trampoline_codes: set = set()  # the wires' code (a frame running one is the wire, not its caller)
@@ -158,9 +160,9 @@ def _ours():
 
 def watch_module_runs() -> None:
     """Install the audit hook once per process (before any submission code runs, under the grader):
-    the modules imported so far count as run once, and course_lib's loaded functions' bytecode is what
-    a copy made by hand is compared with (`_nested_copies`) from the first event on, compiled from its
-    files."""
+    the modules imported so far count as run once, and the bytecode of every course_lib function,
+    compiled from its files (imported or not yet), is what code made by hand is compared with
+    (`_nested_copies`) from the first event on."""
     global _audit_installed
     if _audit_installed:
         return
