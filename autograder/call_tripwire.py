@@ -55,8 +55,8 @@ import types
 MAX_HITS = 1000
 TRAMPOLINE_FILE = "<call_tripwire>"
 _serial = itertools.count()
-# open blocks: ({file: module}, {file: module, direct calls}, hits, {id: function} of the spared functions)
-_watchers: list[tuple[dict, dict, list, dict]] = []
+# open blocks: ({file: module}, {file: module, direct calls}, hits, the ids of the spared functions)
+_watchers: list[tuple[dict, dict, list, set]] = []
 _wired: dict[int, tuple[types.FunctionType, types.CodeType, str, int]] = {}  # id -> (fn, code, key, users)
 _copies: set[int] = set()  # the originals' copies the stand-ins call: never wired themselves
 _prepared: dict[int, tuple] = {}  # id(fn) -> (fn, its code, trampoline, key, stand-in); holds fn
@@ -72,7 +72,7 @@ _copied_bytecode: set[bytes] = set()
 # hold a watched file's code among its constants, which Python turns into a function, with no audit event
 # and no wire, each time it runs (a nested `def`). Later searches of the heap then look inside each code.
 _hosts_possible = False
-_watched_bytecode: set[bytes] = set()  # course_lib's functions' bytecode (`watch_module_runs`, `tripwires`)
+_watched_bytecode: set[bytes] = set()  # the watched functions' bytecode met so far (`tripwires`)
 MAX_COPIED = 10_000
 _own_work = False  # set while this module makes its own copies and sets its wires (not a student's)
 _trampoline_codes: set = set()  # the wires' code (a frame running one is the wire, not its caller)
@@ -131,10 +131,23 @@ def _nested_copies(code: types.CodeType, by_bytecode: bool = True) -> None:
     compile to course_lib's bytecode, and so does the answer key."""
     global _hosts_possible
     for nested in _nested_codes(code):
-        if nested.co_filename != code.co_filename or (by_bytecode and nested.co_code in _watched_bytecode
-                                                      and _substantial(nested)):
+        if nested.co_filename != code.co_filename or (
+                by_bytecode and (nested.co_code in _watched_bytecode or nested.co_code in _course_lib_bytecode())
+                and _substantial(nested)):
             _copied(nested.co_filename, nested.co_code)
             _hosts_possible = True
+
+
+@functools.cache
+def _course_lib_bytecode() -> frozenset[bytes]:
+    """The bytecode of every course_lib function, compiled from its files (imported or not yet, ~0.2 s):
+    what code made by hand is compared with (`_nested_copies`), also before any block ran. Worked out the
+    first time code is made by hand, which an honest notebook never does, not when the hook is installed."""
+    if "course_lib" not in sys.modules:
+        return frozenset()
+    package = os.path.dirname(os.path.abspath(sys.modules["course_lib"].__file__))
+    return frozenset(p[0] for folder, _, files in os.walk(package) for name in files if name.endswith(".py")
+                     for prints in _compiled_code(os.path.join(folder, name)).values() for p in prints)
 
 
 def _copied(path: str | None, bytecode: bytes | None) -> None:
@@ -160,9 +173,7 @@ def _ours():
 
 def watch_module_runs() -> None:
     """Install the audit hook once per process (before any submission code runs, under the grader):
-    the modules imported so far count as run once, and the bytecode of every course_lib function,
-    compiled from its files (imported or not yet), is what code made by hand is compared with
-    (`_nested_copies`) from the first event on."""
+    the modules imported so far count as run once."""
     global _audit_installed
     if _audit_installed:
         return
@@ -171,13 +182,6 @@ def watch_module_runs() -> None:
         if isinstance(path, str):
             _module_runs.setdefault(path, 1)
             _module_runs.setdefault(os.path.abspath(path), 1)
-    if "course_lib" in sys.modules:  # (every file, imported or not yet: ~0.2 s)
-        package = os.path.dirname(os.path.abspath(sys.modules["course_lib"].__file__))
-        for folder, _, names in os.walk(package):
-            for name in names:
-                if name.endswith(".py"):
-                    for prints in _compiled_code(os.path.join(folder, name)).values():
-                        _watched_bytecode.update(p[0] for p in prints)
     sys.addaudithook(_audit)
     _audit_installed = True
 
@@ -442,16 +446,16 @@ def _compiled_code(path: str) -> dict[str, set[tuple]]:
     return found
 
 
-def _spared(allowed, functions, names: dict) -> dict:
-    """{id: function} of `functions` that `allowed` spares. `allowed`: "module:qualified name" strings (a
+def _spared(allowed, functions, names: dict) -> set[int]:
+    """The ids of the `functions` that `allowed` spares. `allowed`: "module:qualified name" strings (a
     class's name spares every function defined in its body). A function is judged by its own code, never
     by where it was found: its file is the watched module's (`names`: file -> module name), its qualified
     name is allowed, and its code (bytecode, names, constants, nested code) is what that file compiles to
-    under that name. So a module attribute
-    or a class member swapped for the reference is not spared, nor a copy of the reference relabelled
-    with a helper's name (a code object cannot change; `code.replace` makes a new one)."""
+    under that name. So a module attribute or a class member swapped for the reference is not spared,
+    nor a copy of the reference relabelled with a helper's name (a code object cannot change;
+    `code.replace` makes a new one)."""
     wanted = set(allowed)
-    spared = {}
+    spared = set()
     for fn, _ in functions:
         code = _original_code(fn)
         module = names.get(code.co_filename)
@@ -462,7 +466,7 @@ def _spared(allowed, functions, names: dict) -> dict:
         scopes = [qualname] + [qualname.rsplit(".", k)[0] for k in range(1, qualname.count(".") + 1)]
         if any(f"{module}:{scope}" in wanted for scope in scopes) \
                 and _code_print(code) in _compiled_code(code.co_filename).get(qualname, ()):
-            spared[id(fn)] = fn
+            spared.add(id(fn))
     return spared
 
 
@@ -514,7 +518,7 @@ def tripwires(modules, hits: list, direct_only=(), allowed=()):
     # (module contents only: no heap scan, which a block per engine step could not afford).
     direct_files = frozenset(direct)
     functions += [(fn, None) for m in direct_only for fn in _functions_of(m, direct_files)]
-    spared = _spared(allowed, functions, names) if allowed else {}
+    spared = _spared(allowed, functions, names) if allowed else set()
     functions = [(fn, path) for fn, path in functions if id(fn) not in spared]
     watcher = (names, direct, hits, spared)
     laid = []

@@ -49,8 +49,9 @@ import numpy as np
 import torch
 
 # Packages whose code the student's side may run on the grader's objects.
-ENGINE_PACKAGES = ("course_lib.engine", "course_lib.request_output", "course_lib.engine_config", "course_lib.runner", "course_lib.runner_batch",
-                   "course_lib.sampler", "course_lib.clock", "course_lib.static_batching", "course_lib.kv",
+ENGINE_PACKAGES = ("course_lib.engine", "course_lib.request_output", "course_lib.engine_config",
+                   "course_lib.runner", "course_lib.runner_batch", "course_lib.sampler", "course_lib.clock",
+                   "course_lib.static_batching", "course_lib.kv",
                    "course_lib.scheduler", "course_lib.model", "course_lib.attention", "course_lib.sim",
                    "course_lib.spec",  # the drafters and the acceptance rule the step calls (speculative decoding)
                    "autograder.checks")

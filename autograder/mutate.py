@@ -323,8 +323,9 @@ def main(args) -> int:
                   f"{o.mutant.original!r} -> {o.mutant.mutated!r}  key={o.mutant.key!r}")
     if args.json:
         report = {"date": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(elapsed, 1), "jobs": args.jobs,
-                  "summary": rows, "mutants": [asdict(o.mutant) | {"key": o.mutant.key, "status": o.status, "detail": o.detail,
-                                                                  "seconds": round(o.seconds, 3)} for o in outcomes]}
+                  "summary": rows,
+                  "mutants": [asdict(o.mutant) | {"key": o.mutant.key, "status": o.status, "detail": o.detail,
+                                                  "seconds": round(o.seconds, 3)} for o in outcomes]}
         Path(args.json).write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
 

@@ -150,13 +150,16 @@ def review_flags(source: str) -> list[str]:
             flags.append(f"line {tok.start[0]}: {_REVIEW_NAMES[name]} (`{tok.line.strip()[:80]}`)")
     tree = _parsed(code)
     if tree is not None:
-        flags += _refused_names_in_strings(tree)
-        # A module path of one's own: a copy of course_lib's file imported from elsewhere is a module the
-        # trip wires cannot tell from an honest one (docs/grading.md, "What remains possible").
-        flags += [f"line {node.lineno}: changes where imports are found (`{ast.unparse(node)[:80]}`)"
-                  for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "path"
-                  and isinstance(node.value, ast.Name) and node.value.id == "sys"]
+        flags += _refused_names_in_strings(tree) + _import_paths(tree)
     return list(dict.fromkeys(flags))[:20]
+
+
+def _import_paths(tree) -> list[str]:
+    """`sys.path`: a module path of one's own. A copy of course_lib's file imported from elsewhere is a module
+    the trip wires cannot tell from an honest one (docs/grading.md, "What remains possible")."""
+    return [f"line {node.lineno}: changes where imports are found (`{ast.unparse(node)[:80]}`)"
+            for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "path"
+            and isinstance(node.value, ast.Name) and node.value.id == "sys"]
 
 
 def _folded(node) -> str | None:

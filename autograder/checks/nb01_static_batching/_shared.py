@@ -17,12 +17,11 @@ def _course_lib_batching():
     return module
 
 
-def _loop_helpers() -> tuple:
-    """What a static loop may call in course_lib's module: `pad_batch`, section 2's exercise (graded by its
-    own check), which the notebook hands to later cells as `pad_fn` while the student's fails, and which
-    computes no part of a loop's answer. The rest of the module stays watched: the loops and their row
-    bookkeeping (`_Rows`). By name: the trip wires judge each function by its own code (autograder.call_tripwire)."""
-    return ("course_lib.static_batching:pad_batch",)
+# What a static loop may call in course_lib's module: `pad_batch`, section 2's exercise (graded by its own
+# check), which the notebook hands to later cells as `pad_fn` while the student's fails, and which computes no
+# part of a loop's answer. The rest of the module stays watched: the loops and their row bookkeeping
+# (`_Rows`). By name: the trip wires judge each function by its own code (autograder.call_tripwire).
+LOOP_HELPERS = ("course_lib.static_batching:pad_batch",)
 
 
 def _expect_value_error(shown: str, fn, *args, why: str) -> None:
@@ -172,7 +171,7 @@ def _run_static(name, impl, model, label, prompts, max_tokens, eos, allow_refere
     shown = (f"{name}(model, <case {label}: {len(prompts)} prompts of lengths {[len(p) for p in prompts]}>, "
              f"max_tokens={max_tokens}, eos_id={eos})")
     with _count_tokens_per_pass(model) as (fed, positions, forged), \
-            forbid_calls(name, [_course_lib_batching()], enabled=not allow_reference, allowed=_loop_helpers()):
+            forbid_calls(name, [_course_lib_batching()], enabled=not allow_reference, allowed=LOOP_HELPERS):
         got = call(shown, impl, model, given, max_tokens, eos)
     expect(not forged, f"{shown} called the check's counter of forward passes (a hook on the model's embedding) "
                        "itself: run the model, the check counts its passes")

@@ -142,7 +142,7 @@ def _check_triton_bf16(name, impl, seed, watched):
     label, case = _triton_bf16_case(seed)
     shown = _describe(name, label, case)
     given = [t.clone() for t in case[:5]]
-    with watch_calls(watched, allowed=_triton_helpers()) as hits, _float16_arithmetic() as ops:
+    with watch_calls(watched, allowed=TRITON_DECODE_HELPERS) as hits, _float16_arithmetic() as ops:
         got = call(shown, impl, *given, case[5])
     if hits:
         fail(f"{name} {REFERENCE_MESSAGE} (it calls {hits[0][0]}.{hits[0][1]})")
@@ -161,11 +161,8 @@ def _check_triton_bf16(name, impl, seed, watched):
 
 # What the notebook's wrapper may ask triton_decode (is this the interpreter? are the inputs valid?): none of
 # them computes attention. The rest of the module, its kernels and their launch, stays watched.
-TRITON_DECODE_HELPERS = ("interpreting", "num_sms", "_check_triton_mode", "_pow2_at_least", "check_inputs")
-
-
-def _triton_helpers() -> tuple:
-    return tuple(f"course_lib.attention.triton_decode:{helper}" for helper in TRITON_DECODE_HELPERS)
+TRITON_DECODE_HELPERS = tuple(f"course_lib.attention.triton_decode:{helper}" for helper in
+                              ("interpreting", "num_sms", "_check_triton_mode", "_pow2_at_least", "check_inputs"))
 
 
 def _triton_forbidden():
@@ -186,7 +183,7 @@ def check_paged_attention_triton(impl, seed, allow_reference):
     modules = _reference_modules() + [triton_decode]
     for label, case in _triton_cases(seed):
         case = tuple(x.to(device) if torch.is_tensor(x) else x for x in case)
-        with watch_calls(modules if not allow_reference else [], allowed=_triton_helpers()) as hits:
+        with watch_calls(modules if not allow_reference else [], allowed=TRITON_DECODE_HELPERS) as hits:
             _compare(name, f"{label} [{device}]", impl, case, tol, watch_table=device == "cpu")
         if hits:  # (triton_decode's small helpers are spared: the wrapper may ask them, never for attention)
             fail(f"{name} {REFERENCE_MESSAGE} (it calls {hits[0][0]}.{hits[0][1]})")
