@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from .check_failures import broke, fail
+from .check_failures import broke
 
 pristine = copy.deepcopy  # of the grader's own data only: the student's objects are never copied
 
@@ -204,16 +204,14 @@ def difference(got, want, where: str = "it", depth: int = 0) -> str | None:
     return None
 
 
-def expect_unchanged(shown: str, what: str, handed, kept, rule: str | None = None) -> None:
+def expect_unchanged(shown: str, what: str, handed, kept, rule: str) -> None:
     """Fail unless `handed` (what the student's code was given) still equals `kept` (the grader's
     own copy of it, made before the call): a function must not change the check's inputs. `rule`: the
-    name of the notebook's rule that says so, which the failure then names."""
+    name of the notebook's rule that says so, which the failure names (a student is held only to a
+    rule the notebook states)."""
     found = difference(handed, kept, f"`{what}`")
     if found:
         found = found.replace(" expected ", " it was ", 1)
-        message = (f"{shown} changed the check's input `{what}` ({found}): your code must leave what it is given as "
-                   f"it was (compute on a copy); the check's expected answer comes from its own copy of `{what}`, "
-                   "never from what your code hands back")
-        if rule is None:
-            fail(message)
-        broke(rule, message)
+        broke(rule, f"{shown} changed the check's input `{what}` ({found}): your code must leave what it is given "
+                    f"as it was (compute on a copy); the check's expected answer comes from its own copy of "
+                    f"`{what}`, never from what your code hands back")

@@ -24,6 +24,7 @@ RULE_OF = {
     "kv_head_dim_from_hidden": "head_dim as given",
     "kv_forgets_bytes": "bytes per number",
     "kv_counts_bits_through_a_float": "an exact int",
+    "kv_notes_the_count_on_the_config": "inputs unchanged",
     "answer_without_prompt_format": "as trained",
     "answer_echoes_prompt": "the answer alone",
     "answer_ignores_max_tokens": "max_tokens",

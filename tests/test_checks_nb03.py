@@ -103,6 +103,7 @@ FLAT_BATCH_MESSAGES = {
     "flat_padding_without_sequences": "sequence of its own",
     "flat_block_tables_int64": "expected torch.int32",
     "flat_block_tables_column_major": "not contiguous",
+    "flat_clears_the_step": 'Rule "inputs unchanged"',
 }
 
 

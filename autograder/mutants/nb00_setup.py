@@ -44,6 +44,13 @@ def kv_counts_bits_through_a_float(config, bytes_per_elem):
     return int(bits / 8)
 
 
+def kv_notes_the_count_on_the_config(config, bytes_per_elem):
+    """The right count, kept on the config for later (`config.kv_bytes = ...`): the config it was handed
+    comes back with a new attribute."""
+    config.kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
+    return config.kv_bytes
+
+
 def answer_without_prompt_format(model, tokenizer, prompt, max_tokens=64):
     """Encodes the bare text: no <bos>, no separator."""
     (out,) = LLMEngine(model, EngineConfig()).generate([tokenizer.encode(prompt)], SamplingParams(max_tokens=max_tokens))
@@ -102,7 +109,8 @@ def answer_keeps_special_tokens(model, tokenizer, prompt, max_tokens=64):
 
 MUTANTS = {
     "kv_bytes_per_token": [kv_uses_num_heads, kv_forgets_values, kv_forgets_layers, kv_uses_hidden_size,
-                           kv_returns_float, kv_head_dim_from_hidden, kv_forgets_bytes, kv_counts_bits_through_a_float],
+                           kv_returns_float, kv_head_dim_from_hidden, kv_forgets_bytes, kv_counts_bits_through_a_float,
+                           kv_notes_the_count_on_the_config],
     "answer": [answer_without_prompt_format, answer_echoes_prompt, answer_ignores_max_tokens, answer_skips_engine,
                answer_returns_ids, answer_reuses_first_engine, answer_keeps_special_tokens, answer_samples],
 }

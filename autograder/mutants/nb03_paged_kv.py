@@ -356,6 +356,14 @@ def flat_block_tables_column_major(output, page_size, device="cpu", pad_slot=0):
     return batch
 
 
+
+def flat_clears_the_step(output, page_size, device="cpu", pad_slot=0):
+    """The right batch, then `output.scheduled.clear()` (the step is done with, it thinks): the runner
+    reads that step after the builder returns, and finds it empty."""
+    batch = _flat_tensors(_flat_lists(output, page_size, pad_slot), device)
+    output.scheduled.clear()
+    return batch
+
 MUTANTS = {
     "StudentBlockPool": [FreeNeverReturnsPage, FreeNotAtomic, FreeDuplicatesPassValidation, FreeIgnoresOtherOwners, RefcountNotDecremented, CannotTakeLastPage,
                          PartialAllocation, ShareLeavesPageFree, NoDoubleFreeCheck, NeverEvicts, EvictsEveryPage,
@@ -366,5 +374,5 @@ MUTANTS = {
     "build_flat_batch": [flat_positions_off_by_one, flat_positions_from_zero, flat_slot_from_logical_page,
                          flat_query_start_loc_missing_last, flat_seq_lens_new_tokens, flat_seq_lens_context_only,
                          flat_prefills_first, flat_padding_writes_slot_zero, flat_padding_without_sequences,
-                         flat_block_tables_int64, flat_block_tables_column_major],
+                         flat_block_tables_int64, flat_block_tables_column_major, flat_clears_the_step],
 }

@@ -89,6 +89,17 @@ def summary_counts_failed_as_completed(records):
     return _summary(records, count_all=True)
 
 
+def summary_rebases_the_records(records):
+    """Moves every record's clock to start at the first arrival by writing into the records
+    (`r.arrival_time -= t0`, ...): durations as before, but the records it was handed come back changed."""
+    t0 = min((r.arrival_time for r in records), default=0.0)
+    for r in records:
+        r.arrival_time -= t0
+        r.first_token_time = None if r.first_token_time is None else r.first_token_time - t0
+        r.finish_time = None if r.finish_time is None else r.finish_time - t0
+    return _summary(records)
+
+
 def _closed_loop(make_engine, num_users, num_requests, make_prompt, seed, *, initial=None, refill="each",
                  extra=0, order="sent", rng_per_request=False, throttle=False):
     engine = make_engine()
@@ -197,7 +208,8 @@ def closed_loop_counts_by_identity(make_engine, num_users, num_requests, make_pr
 MUTANTS = {
     "latency_summary": [summary_nearest_rank, summary_unsorted, summary_tpot_over_n, summary_includes_failed,
                         summary_ttft_from_scheduling, summary_truthy_times, summary_busy_time,
-                        summary_counts_failed_as_completed, summary_drops_empty_answers],
+                        summary_counts_failed_as_completed, summary_drops_empty_answers,
+                        summary_rebases_the_records],
     "run_closed_loop": [closed_loop_all_at_once, closed_loop_waves, closed_loop_one_user,
                         closed_loop_one_refill_per_step, closed_loop_one_extra, closed_loop_finish_order,
                         closed_loop_rng_per_request, closed_loop_waits_for_a_seat,

@@ -117,7 +117,7 @@ def _kv_cases_hold(impl, seed):
                  if isinstance(cfg, SimpleNamespace) else f"kv_bytes_per_token(config, {b})")
         given = pristine(cfg)
         got = call(shown, impl, given, b)
-        expect_unchanged(shown, "config", given, cfg)
+        expect_unchanged(shown, "config", given, cfg, rule="inputs unchanged")
         expect(type(got) is int, lambda: f"kv_bytes_per_token must return an int (a number of bytes), got "
                                          f"{kind_of(got)} {show(got)} for {shape}", rule="an exact int")
         if got != want:

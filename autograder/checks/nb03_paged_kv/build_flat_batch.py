@@ -217,7 +217,7 @@ def _build(impl, out, page_size, device, pad_slot, where, allow_reference):
     shown = f"build_flat_batch{where} ({_describe(out, page_size, pad_slot)})"
     given = pristine(out)
     got = _call_builder(impl, shown, given, page_size, device, pad_slot, allow_reference)
-    expect_unchanged(shown, "output", given, out)
+    expect_unchanged(shown, "output", given, out, rule="inputs unchanged")
     _judge_batch(got, out, want, page_size, pad_slot, where)
     return got
 

@@ -238,7 +238,7 @@ def check_latency_summary(impl, seed, allow_reference):
             given = pristine(records)
             got = call(shown, impl, list(given))
             for i, (handed, kept) in enumerate(zip(given, records)):
-                expect_unchanged(shown, f"records[{i}]", handed, kept)
+                expect_unchanged(shown, f"records[{i}]", handed, kept, rule="inputs unchanged")
             got = _plain_summary(got, shown)
             diff = _mismatch(got, want)
             if diff:
