@@ -240,6 +240,14 @@ JS_STARTED = """() => {
       || !!(kernel && kernel.status === 'busy');
 }"""
 
+JS_WHAT_IS_SHOWN = """() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const session = panel && panel.sessionContext && panel.sessionContext.session;
+  const dialog = document.querySelector('.jp-Dialog');
+  return {kernel: session && session.kernel ? session.kernel.status : 'none',
+          dialog: dialog ? dialog.innerText.slice(0, 300) : null};
+}"""
+
 RUN_ALL_TRIES = 3
 RUN_ALL_START_S = 30  # a first cell queued within this long of the click, or the click did not take
 
@@ -260,8 +268,9 @@ def _run_all(page) -> int:
             return attempt
         except AssertionError:
             page.keyboard.press("Escape")  # a menu left open
-    raise AssertionError(f"Run > Run All Cells started no cell in {RUN_ALL_TRIES} clicks, "
-                         f"{RUN_ALL_START_S} s apart")
+    seen = page.evaluate(JS_WHAT_IS_SHOWN)
+    raise AssertionError(f"Run > Run All Cells started no cell in {RUN_ALL_TRIES} clicks, {RUN_ALL_START_S} s apart; "
+                         f"kernel {seen['kernel']}, dialog: {seen['dialog']!r}")
 
 
 def _settled(page, progress: dict):
