@@ -94,7 +94,7 @@ RULE_NAMES = {
         "occupancy_unweighted": "weighted by duration", "occupancy_over_span": "weighted by duration",
         "occupancy_any_untimed_equal": "weighted by duration", "occupancy_no_fallback": "untimed steps equal",
         "occupancy_empty_crashes": "no steps", "occupancy_not_a_fraction": "a fraction of the seats",
-        "occupancy_counts_waiting": "a fraction of the seats",
+        "occupancy_counts_waiting": "a fraction of the seats", "occupancy_as_a_tensor": "a fraction of the seats",
     },
     "budget_sweep": {
         "sweep_waits_past_arrival": "enter on arrival", "sweep_submits_all_at_once": "enter on arrival",

@@ -67,6 +67,7 @@ RULE_NAMES = {
     "summary_ttft_from_scheduling": "TTFT from arrival", "summary_truthy_times": "zero is a time",
     "summary_busy_time": "throughput over the makespan", "summary_counts_failed_as_completed": "exact counters",
     "summary_drops_empty_answers": "exact counters", "summary_rebases_the_records": "inputs unchanged",
+    "summary_percentiles_as_arrays": "the dict asked for",
     "closed_loop_all_at_once": "send when answered", "closed_loop_waves": "send when answered",
     "closed_loop_one_user": "send when answered", "closed_loop_one_extra": "one engine, one rng",
     "closed_loop_finish_order": "finished, in sent order", "closed_loop_rng_per_request": "one engine, one rng",

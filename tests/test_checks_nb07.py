@@ -68,7 +68,7 @@ RULE_MUTANTS = {
                          "status preempted": ["StatusStillRunning"], "same answers": ["AnswerIntoPrompt"]},
     "break_it_config": {"holds the largest request": ["break_it_pool_below_largest_request"],
                         "breaks without control": ["break_it_too_light"],
-                        "values in range": ["break_it_watermark_in_percent"]},
+                        "values in range": ["break_it_watermark_in_percent", "break_it_as_a_tuple"]},
     "StudentWatermark": {"a valid fraction": ["NoValidation"], "exactly is allowed": ["StrictlyAbove"],
                          "count every page": ["IgnoresCachedPages"], "only decides": ["ReservesPages"]},
     "preemption_report": {"distinct requests": ["report_events_as_requests"], "any engine state": ["report_finished_only"],

@@ -277,6 +277,19 @@ def occupancy_unweighted(step_stats, max_num_seqs):
     return sum(s.num_running for s in step_stats) / (max_num_seqs * len(step_stats))
 
 
+def occupancy_as_a_tensor(step_stats, max_num_seqs):
+    """Right weights and seats, computed with torch: returns a 0-d tensor, not a number."""
+    import torch
+
+    if not step_stats:
+        return torch.tensor(0.0)
+    running = torch.tensor([float(s.num_running) for s in step_stats])
+    w = torch.tensor([max(0.0, s.end_time - s.start_time) for s in step_stats])
+    if w.sum() == 0:
+        w = torch.ones_like(w)
+    return (w * running).sum() / (max_num_seqs * w.sum())
+
+
 def occupancy_not_a_fraction(step_stats, max_num_seqs):
     """The time-weighted mean number of running requests, not divided by the seats."""
     if not step_stats:
@@ -393,7 +406,7 @@ MUTANTS = {
                          ChargesCachedTokens],
     "mean_batch_occupancy": [occupancy_unweighted, occupancy_not_a_fraction, occupancy_counts_waiting,
                              occupancy_no_fallback, occupancy_empty_crashes, occupancy_over_span,
-                             occupancy_any_untimed_equal],
+                             occupancy_any_untimed_equal, occupancy_as_a_tensor],
 }
 
 

@@ -163,6 +163,11 @@ def break_it_pool_below_largest_request():
     return {"users": 32, "kv_tokens": 1536, "max_tokens": 600, "watermark": 0.1}
 
 
+def break_it_as_a_tuple():
+    """Values that work, returned as a tuple in the order the statement lists the keys, not as a dict."""
+    return 32, 4096, 512, 0.1
+
+
 def break_it_max_tokens_beyond_cap():
     """Asks for answers longer than the workload's cap (2,048 > 1,024)."""
     return {"users": 32, "kv_tokens": 8192, "max_tokens": 2048, "watermark": 0.05}
@@ -322,7 +327,8 @@ MUTANTS = {
                           report_finished_only, report_skips_failed, report_numpy_counts],
     "break_it_config": [break_it_pool_below_largest_request,
                         break_it_pool_below_one_request, break_it_too_light, break_it_pool_in_pages,
-                        break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request],
+                        break_it_watermark_in_percent, break_it_max_tokens_beyond_cap, break_it_pool_fits_typical_request,
+                        break_it_as_a_tuple],
     "StudentRecompute": [VictimOldest, VictimLargest, VictimLeastWork, RequeueAtBack, KeepsProgress,
                          LeavesVictimRunning, NeverFreesPages, FreesPoolNotManager, RestartsAnswer, CountsItself,
                          RebindsQueues, StatusStillRunning, ChoosingTakesOut, AnswerIntoPrompt],

@@ -98,7 +98,8 @@ def check_mean_batch_occupancy(impl, seed, allow_reference):
                     broke("untimed steps equal", f"{failure} (no step has a duration: weigh the steps equally)")
                 raise
         want = _occupancy(rows, max_num_seqs)
-        expect(plain_float(got) is not None, lambda: f"{shown} must return a float, got {kind_of(got)} {show(got)}")
+        expect(plain_float(got) is not None, lambda: f"{shown} must return a float, got {show(got)}",
+               rule="a fraction of the seats")
         got = plain_float(got)
         if not rows:
             expect(got == 0.0, f"{shown}: no steps means an occupancy of 0.0, got {got!r}", rule="no steps")

@@ -200,27 +200,32 @@ def _summary_hint(records, got, key) -> str:
     return ""
 
 
+SHAPE = "the dict asked for"  # the rule of the result's keys and types
+
+
 def _plain_summary(got, shown):
     """The student's summary as plain data (a dict of dicts of floats and ints), or a failure naming
     what is not: every value is read once and judged by its exact type."""
-    expect(type(got) is dict, lambda: f"{shown} must return a dict, got {kind_of(got)}")
+    expect(type(got) is dict, lambda: f"{shown} must return a dict, got {kind_of(got)}", rule=SHAPE)
     out = {}
     for key in ("ttft", "tpot", "latency"):
         part = got.get(key)
         expect(type(part) is dict and "p50" in part and "p99" in part,
-               lambda: f"{shown}: result[{key!r}] must be a dict with keys 'p50' and 'p99', got {show(part)}")
+               lambda: f"{shown}: result[{key!r}] must be a dict with keys 'p50' and 'p99', got {show(part)}",
+               rule=SHAPE)
         out[key] = {}
         for p in ("p50", "p99"):
             value = part[p]
             expect(value is None or plain_float(value) is not None,
                    lambda: f"{shown}: result[{key!r}][{p!r}] must be a float (or None when there are no values), "
-                           f"got {kind_of(value)} {show(value)}")
+                           f"got {show(value)}", rule=SHAPE)
             out[key][p] = None if value is None else plain_float(value)
     for key in ("throughput_tok_s", "completed", "output_tokens"):
-        expect(key in got, lambda: f"{shown}: the result needs a {key!r} key, got keys {sorted(show(k) for k in got)}")
+        expect(key in got, lambda: f"{shown}: the result needs a {key!r} key, got keys {sorted(show(k) for k in got)}",
+               rule=SHAPE)
     throughput = got["throughput_tok_s"]
     expect(plain_float(throughput) is not None,
-           lambda: f"{shown}: throughput_tok_s must be a float, got {kind_of(throughput)} {show(throughput)}")
+           lambda: f"{shown}: throughput_tok_s must be a float, got {show(throughput)}", rule=SHAPE)
     out["throughput_tok_s"] = plain_float(throughput)
     for key in ("completed", "output_tokens"):  # exact counters: ints, not 3.0 (judged in _mismatch)
         value = got[key]

@@ -45,7 +45,7 @@ def failure_reasons(result) -> dict:
 def _validated_config(got):
     name = "break_it_config()"
     expect(type(got) is dict, lambda: f"{name} must return a dict with keys users, kv_tokens, max_tokens, watermark; "
-                                      f"got {kind_of(got)}")
+                                      f"got {kind_of(got)}", rule="values in range")
     for key in ("users", "kv_tokens", "max_tokens", "watermark"):
         expect(key in got, lambda: f"{name} needs the key {key!r} (got keys {sorted(show(k) for k in got)})",
                rule="values in range")
