@@ -75,6 +75,11 @@ def hidden_lines(source: str) -> list[str]:
     return out
 
 
+def normalised(source: str) -> str:
+    """A cell's source with its whitespace normalised (trailing spaces and blank lines dropped)."""
+    return "\n".join(line.rstrip() for line in source.strip().splitlines() if line.strip())
+
+
 def _visible(source: str) -> str:
     """A test cell as the release shows it: hidden tests removed, whitespace normalised."""
-    return "\n".join(line.rstrip() for line in without_hidden(source).strip().splitlines() if line.strip())
+    return normalised(without_hidden(source))

@@ -9,7 +9,7 @@ from pathlib import Path
 from .executor import DEFAULT_TIMEOUT
 from .guard_cells import _strip_guard
 from .notebook_cells import (_nbg, _visible, grade_id, hidden_line_ranges, hidden_lines, is_manual_cell, is_test_cell,
-                             points)
+                             normalised, points)
 from .sandbox_run import DEFAULT_BUDGET, MAX_NOTEBOOK_BYTES, GradingRefused, NoSandbox, read_submission, run_in_sandbox
 from .scan import review_flags, scan_source
 from .scoring import _cell_entry, _empty_entry, _kernel_feedback, score_cell
@@ -50,16 +50,18 @@ def grade_notebook(path, source_path, *, timeout=DEFAULT_TIMEOUT, kernel_name="p
     nb, entry["notes"] = assemble(submission, source)
     hidden = [line for c in source.cells if c.get("cell_type") == "code" for line in hidden_lines(c.get("source", ""))]
     redact = Redactor(hidden)
-    # The student's code is scanned (evidence); code cells exactly as the instructor wrote them are not.
-    instructor = {_visible(c.get("source", "")) for c in source.cells
-                  if c.get("cell_type") == "code" and not _nbg(c).get("solution")}
+    # The student's code is scanned (evidence); code cells exactly as the instructor wrote them (or as the
+    # release shows them) are not. The student's side is compared whole: a "hidden tests" block a student
+    # writes into a copy of an instructor cell is code of theirs, and is scanned.
+    instructor = {form(c.get("source", "")) for c in source.cells
+                  if c.get("cell_type") == "code" and not _nbg(c).get("solution") for form in (_visible, normalised)}
     # What the released notebook gives (scaffolding: never the student's copy, nor a review flag).
     given = fingerprint.given_by(source)
     given_review = {f.split(": ", 1)[-1] for text in given.cells for f in review_flags(text)}
     student_cells = []
     for index, cell in enumerate(nb.cells):
         if (cell.get("cell_type") == "code" and cell["metadata"].get("autograder", {}).get("origin") == "submission"
-                and _visible(cell.get("source", "")) not in instructor):
+                and normalised(cell.get("source", "")) not in instructor):
             entry["integrity"] += [f"cell {index}, {f}" for f in scan_source(cell.get("source", ""))]
             entry["flags"] += [f"cell {index}, {f}" for f in review_flags(cell.get("source", ""))
                                if f.split(": ", 1)[-1] not in given_review]

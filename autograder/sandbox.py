@@ -7,8 +7,10 @@ What the notebook's kernel (and everything it starts) gets:
   `autograder.sandbox_python`), the course's code (`course_lib/`, `autograder/` at `/course`,
   read-only, with `autograder/reference/` (the answer key), `controls/` and `mutants/` hidden under
   empty folders), the job
-  (`/job`: the notebook to run, read-only), a writable `/work` (the cwd, the submission's data
-  files) and `/out` (the record the kernel writes), a private `/tmp` (tmpfs, size-capped);
+  (`/job`: the job's description, read-only, where the runner starts: never the student's folder,
+  whose modules would shadow the runner's imports), a writable `/work` (the kernel's cwd, the
+  submission's data files) and `/out` (the record the kernel writes), a private `/tmp` (tmpfs,
+  size-capped);
 - no view of the grader's files, the sources (`solutions/`), the source cache or any other
   submission: they are simply not mounted;
 - new pid, network (loopback only), ipc and uts namespaces; `--die-with-parent`: when the grader
@@ -17,7 +19,9 @@ What the notebook's kernel (and everything it starts) gets:
 - an unprivileged user: a uid of its own (60000-60999, one per running sandbox, so that the
   per-user process limit is per sandbox), no capabilities, no new privileges;
 - limits (`prlimit`): address space, processes, file size, CPU seconds; the outputs it returns
-  are capped by the grader when it reads them;
+  are capped by the grader when it reads them; `/work` and `/out` (the host's disk) are measured
+  while it runs, and past `Limits.disk_mb` or `disk_entries` the sandbox is ended
+  (`autograder.disk_watch`);
 - one way back that the student's code cannot write: the runner's own stdout, a pipe that only
   the runner holds (`autograder.sandbox_exec`); `run_job` collects it, size-capped.
 
@@ -43,6 +47,7 @@ from pathlib import Path
 from course_lib import kernel_cache
 
 from . import sandbox_python
+from .disk_watch import DiskWatch
 
 ROOT = Path(__file__).resolve().parent.parent
 BWRAP_ENV = "AUTOGRADER_BWRAP"  # the bubblewrap binary, if not `bwrap` on PATH
@@ -65,6 +70,8 @@ class Limits:
     file_mb: int = 256  # the largest file a process may write
     tmp_mb: int = 1024  # the private /tmp
     cpu_s: int = 1800  # CPU seconds per process
+    disk_mb: int = 2048  # /work and /out together (host disk): past it the notebook is ended
+    disk_entries: int = 20_000  # files and folders in /work and /out together, likewise
 
 
 def _system_dirs() -> list[tuple[str, str]]:
@@ -121,7 +128,7 @@ def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
         args += ["--ro-bind", b.source, b.dest]
         bound.append(b.dest)
     args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--die-with-parent", "--new-session", "--chdir", "/work", "--clearenv"]
+             "--die-with-parent", "--new-session", "--chdir", "/job", "--clearenv"]
     if uid is not None and os.geteuid() == 0:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -215,6 +222,7 @@ def prepare_job(job: Path, uid: int | None) -> None:
 
 
 MAX_REPORT_BYTES = 64 << 20  # what the runner may send back over its stdout
+DISK_LOOK_EVERY_S = 0.5  # how often the job's folders are measured while it runs (autograder.disk_watch)
 
 
 @dataclass
@@ -223,6 +231,7 @@ class JobResult:
     log_tail: str  # the end of its stderr (everything in the sandbox may write there: never shown)
     report: bytes  # what the command wrote on its stdout (in the sandbox: only the runner can)
     report_cut: bool  # the report was over MAX_REPORT_BYTES: the rest was dropped
+    ended_for: str | None = None  # why the grader ended it before its budget (it wrote too much), in words
 
 
 def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = Limits(), sandbox: bool = True,
@@ -248,17 +257,32 @@ def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = 
             feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)
             feeder.start()  # (a thread: a runner that never reads must not block the grader)
             report = _Collector(proc.stdout, MAX_REPORT_BYTES)
+            watch = DiskWatch([job / "work", job / "out"], limits.disk_mb, limits.disk_entries)
             try:
-                rc = proc.wait(timeout=budget_s)
-            except subprocess.TimeoutExpired:
-                rc = None
+                rc, ended_for = _wait(proc, budget_s, watch)
             finally:
                 _kill_group(proc)
             data, cut = report.result(timeout=10)
-        return JobResult(rc, _tail(log_path), data, cut)
+        return JobResult(rc, _tail(log_path), data, cut, ended_for)
     finally:
         if lease:
             lease.release()
+
+
+def _wait(proc, budget_s: float, watch: DiskWatch) -> tuple[int | None, str | None]:
+    """(exit status, None) once `proc` ends; (None, None) when its budget is spent; (None, why) as soon
+    as its folders hold more than the watch allows."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, None
+        try:
+            return proc.wait(timeout=min(DISK_LOOK_EVERY_S, left)), None
+        except subprocess.TimeoutExpired:
+            why = watch.over()
+            if why:
+                return None, why
 
 
 class _Collector:

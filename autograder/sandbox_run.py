@@ -147,7 +147,7 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
             "cwd": inside["work"], "kernel": kernel_name, "timeout": timeout, "budget_s": budget_s,
             "outputs_before": outputs_before, "skip_from": unneeded_from(nb, outputs_before),
             "sandbox": bool(sandbox)}))
-        command = [sys.executable, "-m", "autograder.sandbox_exec", f"{inside['in']}/job.json"]
+        command = runner_command(f"{inside['in']}/job.json")
         env = None
         if not sandbox:
             stage = Stage()
@@ -157,7 +157,9 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
                          stdin_data=nonce.encode() + b"\n" + nbformat.writes(nb).encode("utf-8"),
                          **({"limits": limits} if limits else {}))
         log = []
-        if ran.rc is None:
+        if ran.ended_for:
+            log.append(ran.ended_for)
+        elif ran.rc is None:
             log.append(f"the notebook's time budget of {budget_s:g} s was spent: the sandbox was ended (--budget)")
         elif ran.rc != 0:  # (its output is the student's to write: not shown)
             log.append(f"the notebook runner exited with status {ran.rc}")
@@ -175,6 +177,16 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
             stage.cleanup()
         shutil.rmtree(job, ignore_errors=True)
 
+
+
+def runner_command(job_json: str) -> list[str]:
+    """The runner's command line. `python -m` puts the folder it starts in first on `sys.path`, so a
+    `json.py` among the student's files in /work would be the runner's `import json`, run before the
+    runner guards anything (red team round 11). So the sandbox starts the runner in /job (the grader's
+    read-only folder: job.json only; the kernel still runs in /work), and `-P` (Python 3.11+) leaves
+    that folder off `sys.path` as well."""
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe_path, "-m", "autograder.sandbox_exec", job_json]
 
 class Stage:
     """A private copy of `autograder/` and `course_lib/` that one notebook's kernel imports (it goes
