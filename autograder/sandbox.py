@@ -19,9 +19,9 @@ What the notebook's kernel (and everything it starts) gets:
 - an unprivileged user: a uid of its own (60000-60999, one per running sandbox, so that the
   per-user process limit is per sandbox), no capabilities, no new privileges;
 - limits (`prlimit`): address space, processes, file size, CPU seconds; the outputs it returns
-  are capped by the grader when it reads them; `/work` and `/out` (the host's disk) are measured
-  while it runs, and past `Limits.disk_mb` or `disk_entries` the sandbox is ended
-  (`autograder.disk_watch`);
+  are capped by the grader when it reads them; `/work` and `/out` are size-capped tmpfs of the
+  sandbox's own (`Limits.work_mb`, `out_mb`), so the host's disk holds only the record and the log,
+  each capped by the file size limit;
 - one way back that the student's code cannot write: the runner's own stdout, a pipe that only
   the runner holds (`autograder.sandbox_exec`); `run_job` collects it, size-capped.
 
@@ -47,7 +47,6 @@ from pathlib import Path
 from course_lib import kernel_cache
 
 from . import sandbox_python
-from .disk_watch import DiskWatch
 
 ROOT = Path(__file__).resolve().parent.parent
 BWRAP_ENV = "AUTOGRADER_BWRAP"  # the bubblewrap binary, if not `bwrap` on PATH
@@ -61,6 +60,8 @@ UID_BASE, UID_COUNT = 60000, 1000
 INSTRUCTOR_ONLY = ("reference", "controls", "mutants")
 LOCK_DIR = Path("/tmp/autograder-uids")
 PREBUILT_KERNELS = "/course/kernels"  # where the sandbox sees the grader's compiled kernels
+DATA = "/data"  # the submission's data files, read-only (the runner copies them into /work)
+RECORD = "record.jsonl"  # the one file of /out that is the host's: what the kernel records
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,8 @@ class Limits:
     file_mb: int = 256  # the largest file a process may write
     tmp_mb: int = 1024  # the private /tmp
     cpu_s: int = 1800  # CPU seconds per process
-    disk_mb: int = 2048  # /work and /out together (host disk): past it the notebook is ended
-    disk_entries: int = 20_000  # files and folders in /work and /out together, likewise
+    work_mb: int = 1024  # the private /work (the kernel's cwd)
+    out_mb: int = 16  # the private /out, beside the record (a file of the host's, capped by file_mb)
 
 
 def _system_dirs() -> list[tuple[str, str]]:
@@ -113,13 +114,18 @@ def bwrap_args(job: Path, uid: int | None, limits: Limits) -> list[str]:
     kernels = kernel_cache.cache_dir()
     if kernels.is_dir():
         args += ["--ro-bind", str(kernels), PREBUILT_KERNELS]
-    args += ["--ro-bind", str(job / "in"), "/job",
-             "--bind", str(job / "work"), "/work",
-             "--bind", str(job / "out"), "/out"]
+    # /work and /out are tmpfs of the sandbox's own, size-capped (on the host's disk, only the file size
+    # was capped, not how many files: red team round 11 put 3 GB there within half a second with
+    # fallocate, and paths too deep to walk). The submission's data files come read-only at /data (the
+    # runner copies them into /work); of /out, only the record is the host's (one file, file_mb at most).
+    args += ["--ro-bind", str(job / "in"), "/job", "--ro-bind", str(job / "work"), DATA,
+             "--perms", "0777", "--size", str(limits.work_mb << 20), "--tmpfs", "/work",
+             "--perms", "0777", "--size", str(limits.out_mb << 20), "--tmpfs", "/out",
+             "--bind", str(job / "out" / RECORD), f"/out/{RECORD}"]
     # Then the grader's Python, last: at its own paths, wherever it lives (a venv in /tmp/venv, or
     # under /work), over the sandbox's folders if need be. Its parent folders are made here, open to
     # the sandbox's user (bwrap would copy the host's modes: pytest's 0700 temporary folders).
-    made, bound = {"/tmp", "/course", "/job", "/work", "/out", "/dev", "/proc"}, []
+    made, bound = {"/tmp", "/course", "/job", DATA, "/work", "/out", "/dev", "/proc"}, []
     for b in sandbox_python.binds():
         for a in _ancestors(b.dest + "/x"):
             if a not in made and not any(sandbox_python.is_under(a, s) for s in sandbox_python.SYSTEM + tuple(bound)):
@@ -208,21 +214,21 @@ class UidLease:
 
 
 def prepare_job(job: Path, uid: int | None) -> None:
-    """in/ (read-only for the sandbox), work/ and out/ (writable by its uid)."""
+    """in/ and work/ (the data files: read-only for the sandbox), out/ and its record (writable by its uid)."""
     for name in ("in", "work", "out"):
         (job / name).mkdir(parents=True, exist_ok=True)
+    (job / "out" / RECORD).touch()
     os.chmod(job, 0o711)
     os.chmod(job / "in", 0o755)
     if uid is not None and os.geteuid() == 0:
-        for name in ("work", "out"):
-            for p in [job / name, *(job / name).rglob("*")]:
-                os.chown(p, uid, uid, follow_symlinks=False)
-    for p in (job / "in").rglob("*"):
-        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        for p in [job / "out", *(job / "out").rglob("*")]:
+            os.chown(p, uid, uid, follow_symlinks=False)
+    for name in ("in", "work"):
+        for p in [job / name, *(job / name).rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
 
 MAX_REPORT_BYTES = 64 << 20  # what the runner may send back over its stdout
-DISK_LOOK_EVERY_S = 0.5  # how often the job's folders are measured while it runs (autograder.disk_watch)
 
 
 @dataclass
@@ -231,7 +237,6 @@ class JobResult:
     log_tail: str  # the end of its stderr (everything in the sandbox may write there: never shown)
     report: bytes  # what the command wrote on its stdout (in the sandbox: only the runner can)
     report_cut: bool  # the report was over MAX_REPORT_BYTES: the rest was dropped
-    ended_for: str | None = None  # why the grader ended it before its budget (it wrote too much), in words
 
 
 def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = Limits(), sandbox: bool = True,
@@ -257,32 +262,17 @@ def run_job(job: Path, command: list[str], *, budget_s: float, limits: Limits = 
             feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)
             feeder.start()  # (a thread: a runner that never reads must not block the grader)
             report = _Collector(proc.stdout, MAX_REPORT_BYTES)
-            watch = DiskWatch([job / "work", job / "out"], limits.disk_mb, limits.disk_entries)
             try:
-                rc, ended_for = _wait(proc, budget_s, watch)
+                rc = proc.wait(timeout=budget_s)
+            except subprocess.TimeoutExpired:
+                rc = None
             finally:
                 _kill_group(proc)
             data, cut = report.result(timeout=10)
-        return JobResult(rc, _tail(log_path), data, cut, ended_for)
+        return JobResult(rc, _tail(log_path), data, cut)
     finally:
         if lease:
             lease.release()
-
-
-def _wait(proc, budget_s: float, watch: DiskWatch) -> tuple[int | None, str | None]:
-    """(exit status, None) once `proc` ends; (None, None) when its budget is spent; (None, why) as soon
-    as its folders hold more than the watch allows."""
-    deadline = time.monotonic() + budget_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None, None
-        try:
-            return proc.wait(timeout=min(DISK_LOOK_EVERY_S, left)), None
-        except subprocess.TimeoutExpired:
-            why = watch.over()
-            if why:
-                return None, why
 
 
 class _Collector:

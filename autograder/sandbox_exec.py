@@ -137,6 +137,17 @@ def _not_dumpable() -> None:
         pass
 
 
+def copy_data_files(data: str, cwd: str) -> None:
+    """The submission's data files (read-only at `data`) into the notebook's folder, the sandbox's
+    private /work, where the notebook may change them."""
+    import shutil
+
+    for name in sorted(os.listdir(data)):
+        source = os.path.join(data, name)
+        if os.path.isfile(source) and not os.path.islink(source):
+            shutil.copyfile(source, os.path.join(cwd, name))
+
+
 def main(job_path: str) -> int:
     channel = _private_channel()
     _not_dumpable()
@@ -156,6 +167,8 @@ def main(job_path: str) -> int:
     os.dup2(devnull, 0)  # (stdin is spent: the kernel inherits nothing of it)
     os.close(devnull)
     nb = nbformat.reads(text.decode("utf-8"), as_version=4)
+    if job.get("data"):
+        copy_data_files(job["data"], job["cwd"])
     deadline = time.monotonic() + float(job["budget_s"])
     reporter = Reporter(_writer(channel), nonce.decode("ascii"), nb, int(job["outputs_before"]), cap_outputs)
     executor = _Executor(nb, job["cwd"], job["kernel"], int(job["timeout"]), deadline=deadline,

@@ -27,6 +27,9 @@ GUARDED_PACKAGES = (ROOT / "autograder", ROOT / "course_lib")
 
 
 _NEVER_COPY = ("autograder", "course_lib", "sitecustomize", "usercustomize", "torch", "numpy")
+# Never copied beside the notebook: notebooks, and what Python imports or runs (graded code lives in the
+# notebook's cells, which the grader reads).
+_CODE_SUFFIXES = (".ipynb", ".pth", ".py", ".pyw", ".pyc", ".pyo", ".pyi", ".so", ".pyd", ".zip", ".egg", ".whl")
 MAX_NOTEBOOK_BYTES = 20 << 20  # a submission larger than this is refused, unread
 MAX_DATA_BYTES = 50_000_000  # the submission's folder's data files copied next to it
 DEFAULT_BUDGET = 900  # seconds for one notebook, all its cells and kernel restarts together
@@ -89,8 +92,10 @@ def _copy_data_files(submission: Path, workdir: Path) -> None:
     if sum(e.stat(follow_symlinks=False).st_size for e in files) >= MAX_DATA_BYTES:
         return
     for entry in files:
-        # data files only: nothing that could shadow the course's packages on sys.path
-        if Path(entry.name).suffix in (".ipynb", ".pth") or Path(entry.name).stem in _NEVER_COPY:
+        # data files only: no code the kernel could import (a module handed in beside the notebook is
+        # code the scan never reads: red team round 11 hid course_lib's formula, wires emptied, in a
+        # helper.py), nothing that could shadow the course's packages on sys.path
+        if Path(entry.name).suffix.lower() in _CODE_SUFFIXES or Path(entry.name).stem in _NEVER_COPY:
             continue
         with _open_no_follow(Path(entry.path)) as src, open(workdir / entry.name, "wb") as dst:
             shutil.copyfileobj(src, dst)
@@ -146,7 +151,7 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
         (job / "in" / "job.json").write_text(json.dumps({
             "cwd": inside["work"], "kernel": kernel_name, "timeout": timeout, "budget_s": budget_s,
             "outputs_before": outputs_before, "skip_from": unneeded_from(nb, outputs_before),
-            "sandbox": bool(sandbox)}))
+            "sandbox": bool(sandbox), "data": sb.DATA if sandbox else None}))
         command = runner_command(f"{inside['in']}/job.json")
         env = None
         if not sandbox:
@@ -157,9 +162,7 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
                          stdin_data=nonce.encode() + b"\n" + nbformat.writes(nb).encode("utf-8"),
                          **({"limits": limits} if limits else {}))
         log = []
-        if ran.ended_for:
-            log.append(ran.ended_for)
-        elif ran.rc is None:
+        if ran.rc is None:
             log.append(f"the notebook's time budget of {budget_s:g} s was spent: the sandbox was ended (--budget)")
         elif ran.rc != 0:  # (its output is the student's to write: not shown)
             log.append(f"the notebook runner exited with status {ran.rc}")

@@ -12,7 +12,15 @@
   the block (course_lib's formula called with the trip wires emptied) was never scanned: full marks,
   no flag. Its reference to the autograder must zero the notebook, as the same code does in a plain cell.
 
-Both got full marks (the first: 0, the runner ended) on the grader before this area's fix.
+- the same code in a `helper.py` handed in beside the notebook, the answer cell only importing it:
+  the scan reads the notebook's cells, never such a file (red team round 11b: full marks, no flag).
+  Python files are no longer copied beside the notebook (graded code lives in its cells), so the
+  import fails: 0. (The `json.py` of the first case is not copied either now; the runner starting in
+  /job, tests/test_sandbox_disk.py, holds it on its own.)
+- an honest answer that reads a data file handed in beside the notebook: the file still reaches the
+  notebook's folder (the sandbox's own /work now, the runner copies it in) and is writable there.
+
+Each attack got full marks (the first: 0, the runner ended) on the grader before this area's fix.
 """
 from __future__ import annotations
 
@@ -51,6 +59,36 @@ def kv_bytes_per_token(config, bytes_per_elem):
 '''
 
 
+HELPER = WIRES_CLEARED.replace("### BEGIN HIDDEN TESTS\n", "").replace("### END HIDDEN TESTS\n", "")
+
+READS_DATA = '''def kv_bytes_per_token(config, bytes_per_elem):
+    with open("factor.txt") as f:
+        factor = int(f.read())
+    with open("factor.txt", "a") as f:  # the notebook's own copy: writable
+        f.write("\\n")
+    return factor * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_elem
+'''
+
+
+def _build_helper(builder):
+    path = builder.write("rt11_helper_module", builder.attack("from helper import kv_bytes_per_token\n"))
+    (path.parent / "helper.py").write_text(HELPER)
+    return [path]
+
+
+def _build_data(builder):
+    path = builder.write("rt11_data_file_reaches_the_notebook", builder.attack(READS_DATA))
+    (path.parent / "factor.txt").write_text("2")
+    return [path]
+
+
+def _expect_score(student, score):
+    def expect(graded):
+        entry = graded.by[student]
+        assert entry["score"] == score, (entry["score"], entry["errors"], entry["integrity"], entry["flags"])
+    return expect
+
+
 def _build_shadow(builder):
     path = builder.write("rt11_json_py_beside_the_notebook", builder.honest())
     (path.parent / "json.py").write_text(SHADOW_JSON)
@@ -74,4 +112,7 @@ CASES = [
     AttackCase("rt11_hidden_block_in_an_instructor_cell",
                lambda b: [b.write("rt11_hidden_block_in_an_instructor_cell", b.attack(PREAMBLE + WIRES_CLEARED))],
                _expect_scanned),
+    AttackCase("rt11_helper_module", _build_helper, _expect_score("rt11_helper_module", 0)),
+    AttackCase("rt11_data_file_reaches_the_notebook", _build_data, _expect_score("rt11_data_file_reaches_the_notebook", MAX),
+               honest=True),
 ]
