@@ -8,9 +8,11 @@ What the notebook's kernel (and everything it starts) gets:
   read-only, with `autograder/reference/` (the answer key), `controls/` and `mutants/` hidden under
   empty folders), the job
   (`/job`: the job's description, read-only, where the runner starts: never the student's folder,
-  whose modules would shadow the runner's imports), a writable `/work` (the kernel's cwd, the
-  submission's data files) and `/out` (the record the kernel writes), a private `/tmp` (tmpfs,
-  size-capped);
+  whose modules would shadow the runner's imports), the submission's data files (read-only at
+  `/data`), and, writable, `/work` (the kernel's cwd, where the runner copies the data files), `/out`
+  (the record the kernel writes) and `/tmp`: each a size-capped tmpfs of the sandbox's own
+  (`Limits.work_mb`, `out_mb`, `tmp_mb`), so the host's disk holds only the record (bound at
+  `/out/record.jsonl`) and the log, each capped by the file size limit;
 - no view of the grader's files, the sources (`solutions/`), the source cache or any other
   submission: they are simply not mounted;
 - new pid, network (loopback only), ipc and uts namespaces; `--die-with-parent`: when the grader
@@ -19,9 +21,7 @@ What the notebook's kernel (and everything it starts) gets:
 - an unprivileged user: a uid of its own (60000-60999, one per running sandbox, so that the
   per-user process limit is per sandbox), no capabilities, no new privileges;
 - limits (`prlimit`): address space, processes, file size, CPU seconds; the outputs it returns
-  are capped by the grader when it reads them; `/work` and `/out` are size-capped tmpfs of the
-  sandbox's own (`Limits.work_mb`, `out_mb`), so the host's disk holds only the record and the log,
-  each capped by the file size limit;
+  are capped by the grader when it reads them;
 - one way back that the student's code cannot write: the runner's own stdout, a pipe that only
   the runner holds (`autograder.sandbox_exec`); `run_job` collects it, size-capped.
 

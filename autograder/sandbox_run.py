@@ -181,7 +181,6 @@ def run_in_sandbox(nb, submission: Path, *, timeout: int, kernel_name: str, budg
         shutil.rmtree(job, ignore_errors=True)
 
 
-
 def runner_command(job_json: str) -> list[str]:
     """The runner's command line. `python -m` puts the folder it starts in first on `sys.path`, so a
     `json.py` among the student's files in /work would be the runner's `import json`, run before the
@@ -190,6 +189,7 @@ def runner_command(job_json: str) -> list[str]:
     that folder off `sys.path` as well."""
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []
     return [sys.executable, *safe_path, "-m", "autograder.sandbox_exec", job_json]
+
 
 class Stage:
     """A private copy of `autograder/` and `course_lib/` that one notebook's kernel imports (it goes

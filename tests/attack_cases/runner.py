@@ -11,7 +11,6 @@
   any student cell whose text *without its hidden blocks* matched an instructor cell, so the code in
   the block (course_lib's formula called with the trip wires emptied) was never scanned: full marks,
   no flag. Its reference to the autograder must zero the notebook, as the same code does in a plain cell.
-
 - the same code in a `helper.py` handed in beside the notebook, the answer cell only importing it:
   the scan reads the notebook's cells, never such a file (red team round 11b: full marks, no flag).
   Python files are no longer copied beside the notebook (graded code lives in its cells), so the
@@ -24,7 +23,7 @@ Each attack got full marks (the first: 0, the runner ended) on the grader before
 """
 from __future__ import annotations
 
-from . import KV, MAX, PREAMBLE, AttackCase
+from . import MAX, PREAMBLE, AttackCase
 
 SHADOW_JSON = '''"""A student's json.py: in the grader's runner it ends the runner; anywhere else it is the real json."""
 import os
@@ -96,9 +95,9 @@ def _build_shadow(builder):
 
 
 def _expect_full_marks(graded):
-    entry = graded.by["rt11_json_py_beside_the_notebook"]
-    assert entry["score"] == MAX, (entry["score"], entry["errors"], entry["cells"])
-    assert not any("exited with status" in e for e in entry["errors"]), entry["errors"]
+    _expect_score("rt11_json_py_beside_the_notebook", MAX)(graded)
+    errors = graded.by["rt11_json_py_beside_the_notebook"]["errors"]
+    assert not any("exited with status" in e for e in errors), errors
 
 
 def _expect_scanned(graded):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from autograder._checking import _AssertionError as _CheckFailure
-from autograder._checking import broke, call, check, expect, forbid_calls, kind_of, plain_float, same_float, show
+from autograder._checking import broke, call, check, expect, forbid_calls, plain_float, same_float, show
 from course_lib.scheduler.output import StepStats
 
 
